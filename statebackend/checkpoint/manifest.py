@@ -1,0 +1,227 @@
+"""Pure models of what a checkpoint is made of: file entries, partition manifests and
+completed-checkpoint records, plus the durable layout that names them.
+
+No IO happens here: these are immutable values with (de)serialisation to JSON. Reading and
+writing them is :mod:`statebackend.storage`'s job.
+
+Durable layout under ``<root>/<operator_id>/`` (every name is unique to one attempt, so no
+file is ever overwritten; invariant 2)::
+
+    chk-<n>/p<partition>/<attempt>/<file>        files uploaded by that attempt
+    chk-<n>/p<partition>/<attempt>/_MANIFEST.json the partition manifest, published last
+    _checkpoints/chk-<n>.json                    completed-checkpoint record (coordinator)
+
+A file uploaded by checkpoint n keeps its path when later checkpoints reuse it, so a
+bounded sweep of one checkpoint's or one attempt's directory finds every file it created.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ..errors import CorruptStateError, UnsafePathError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "_MANIFEST.json"
+CHECKPOINTS_DIR = "_checkpoints"
+
+_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9._=-]+$")
+
+
+def checkpoint_dir(checkpoint_id: int) -> str:
+    return f"chk-{checkpoint_id}"
+
+
+def attempt_dir(checkpoint_id: int, partition: int, attempt: str) -> str:
+    """Directory (relative to the operator root) of one attempt's uploads."""
+    check_component(attempt)
+    return f"{checkpoint_dir(checkpoint_id)}/p{partition}/{attempt}"
+
+
+def manifest_path(checkpoint_id: int, partition: int, attempt: str) -> str:
+    return f"{attempt_dir(checkpoint_id, partition, attempt)}/{MANIFEST_NAME}"
+
+
+def completed_record_path(checkpoint_id: int) -> str:
+    return f"{CHECKPOINTS_DIR}/{checkpoint_dir(checkpoint_id)}.json"
+
+
+def check_component(name: str) -> str:
+    """A single path component made only of safe characters (no '/', no '..')."""
+    if not _SAFE_COMPONENT.match(name) or name in (".", ".."):
+        raise UnsafePathError(f"unsafe path component {name!r}: expected letters, digits, '._=-'")
+    return name
+
+
+def check_relative(path: str) -> str:
+    """A relative POSIX path that stays under the root (invariant: no escape)."""
+    if not path or path.startswith("/") or "\\" in path or ":" in path.split("/")[0]:
+        raise UnsafePathError(f"path {path!r} is not relative to the checkpoint root")
+    norm = posixpath.normpath(path)
+    if norm.startswith("..") or norm != path:
+        raise UnsafePathError(f"path {path!r} escapes or is not normalised under the checkpoint root")
+    for part in norm.split("/"):
+        check_component(part)
+    return path
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint.
+
+    Attributes
+    ----------
+    name : str
+        Name inside the RocksDB directory (``000012.sst``, ``CURRENT``, ...).
+    path : str
+        Durable path relative to the operator root (``chk-3/p0/<attempt>/000012.sst``).
+    size : int
+        Bytes.
+    checksum : str
+        ``crc32:<8 hex digits>`` of the content.
+    shared : bool
+        True for SST files (immutable, reusable by later checkpoints); False for private
+        files (MANIFEST, CURRENT, OPTIONS, WAL, metadata) uploaded by every checkpoint.
+    uploaded : bool
+        True when this checkpoint uploaded it, False when reused from the base checkpoint.
+    """
+
+    name: str
+    path: str
+    size: int
+    checksum: str
+    shared: bool
+    uploaded: bool
+
+    def __post_init__(self) -> None:
+        check_component(self.name)
+        check_relative(self.path)
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """A declared state: its name, kind, schemas (DDL strings) and TTL."""
+
+    name: str
+    kind: str  # value | list | map | reducing | aggregating | timers
+    value_schema: str | None = None
+    user_key_schema: str | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class PartitionManifest:
+    """What one attempt of checkpoint ``checkpoint_id`` of one partition published."""
+
+    operator_id: str
+    partition: int
+    checkpoint_id: int
+    attempt: str
+    key_group_start: int
+    key_group_end: int  # inclusive
+    max_parallelism: int
+    files: tuple[FileEntry, ...]
+    base_checkpoint_id: int | None = None
+    states: tuple[StateDescriptor, ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    created_at_ms: int = 0
+    format_version: int = FORMAT_VERSION
+
+    # --- derived ----------------------------------------------------------------------
+
+    @property
+    def full_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def incremental_size(self) -> int:
+        return sum(f.size for f in self.files if f.uploaded)
+
+    @property
+    def path(self) -> str:
+        return manifest_path(self.checkpoint_id, self.partition, self.attempt)
+
+    def shared_files(self) -> dict[str, FileEntry]:
+        """SST name -> entry, for the next checkpoint's reuse decisions."""
+        return {f.name: f for f in self.files if f.shared}
+
+    def with_metrics(self, **metrics: Any) -> PartitionManifest:
+        return replace(self, metrics={**self.metrics, **metrics})
+
+    # --- (de)serialisation -------------------------------------------------------------
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["full_size"] = self.full_size
+        d["incremental_size"] = self.incremental_size
+        d["metrics"] = dict(self.metrics)
+        return json.dumps(d, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "<manifest>") -> PartitionManifest:
+        try:
+            d = json.loads(text)
+            if d.get("format_version") != FORMAT_VERSION:
+                raise CorruptStateError(
+                    f"{where}: manifest format {d.get('format_version')!r} is not supported "
+                    f"(this version reads {FORMAT_VERSION})", path=where)
+            d.pop("full_size", None)
+            d.pop("incremental_size", None)
+            d["files"] = tuple(FileEntry(**f) for f in d["files"])
+            d["states"] = tuple(StateDescriptor(**s) for s in d.get("states", ()))
+            return cls(**d)
+        except CorruptStateError:
+            raise
+        except UnsafePathError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptStateError(f"{where}: manifest is truncated or malformed ({exc})",
+                                    path=where) from exc
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """The coordinator's record that checkpoint ``checkpoint_id`` of an operator is complete.
+
+    ``manifests`` maps each partition to the durable path (relative to the operator root)
+    of the manifest chosen for it.
+    """
+
+    operator_id: str
+    checkpoint_id: int
+    parallelism: int
+    max_parallelism: int
+    manifests: Mapping[int, str]
+    full_size: int = 0
+    incremental_size: int = 0
+    created_at_ms: int = 0
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def path(self) -> str:
+        return completed_record_path(self.checkpoint_id)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["manifests"] = {str(k): v for k, v in sorted(self.manifests.items())}
+        return json.dumps(d, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "<record>") -> CompletedCheckpoint:
+        try:
+            d = json.loads(text)
+            if d.get("format_version") != FORMAT_VERSION:
+                raise CorruptStateError(f"{where}: record format {d.get('format_version')!r} "
+                                        f"is not supported", path=where)
+            d["manifests"] = {int(k): check_relative(v) for k, v in d["manifests"].items()}
+            return cls(**d)
+        except CorruptStateError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptStateError(f"{where}: completed-checkpoint record is truncated or "
+                                    f"malformed ({exc})", path=where) from exc

@@ -1,0 +1,121 @@
+"""The error hierarchy of statebackend.
+
+Every error the package raises on purpose derives from :class:`StateBackendError`, so a
+caller can catch "anything statebackend refused". Subclasses also inherit the builtin
+exception they refine (``ValueError``, ``OSError``, ...), so existing ``except`` clauses
+keep working. Messages say what was expected, what was found, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class StateBackendError(Exception):
+    """Root of every error raised by statebackend."""
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+class OptionsError(StateBackendError, ValueError):
+    """An option has an unknown name, a wrong type or a value out of range.
+
+    Attributes
+    ----------
+    key : str
+        The option's name as the user wrote it.
+    value : object
+        The value that was refused.
+    """
+
+    def __init__(self, key: str, value: object, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
+
+
+class UnknownOptionError(OptionsError, KeyError):
+    """An option name that does not exist (often a typo; the message suggests a fix)."""
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0])
+
+
+class IncompatibleStateError(StateBackendError, ValueError):
+    """Existing state cannot be used as configured (e.g. ``max_parallelism`` changed)."""
+
+
+# --- state API ---------------------------------------------------------------------
+
+
+class StateError(StateBackendError):
+    """Misuse of the state API (no current key, unknown state, wrong value shape)."""
+
+
+class SchemaError(StateError, TypeError):
+    """A value does not match the schema declared for its state."""
+
+
+# --- storage and checkpoints -------------------------------------------------------
+
+
+class StorageError(StateBackendError, OSError):
+    """Durable storage failed (after retries) or holds something unexpected."""
+
+
+class TransientStorageError(StorageError):
+    """A storage failure worth retrying (timeouts, throttling, connection resets)."""
+
+
+class UnsafePathError(StorageError, ValueError):
+    """A path (e.g. from a manifest) would escape the checkpoint root."""
+
+
+class CheckpointError(StateBackendError):
+    """A checkpoint could not be taken or published."""
+
+
+class CommitFailedError(CheckpointError):
+    """A commit's precondition did not hold (another attempt won, base changed).
+
+    The single retryable error of the commit protocol.
+    """
+
+
+class RestoreError(StateBackendError):
+    """State could not be restored; committed state in durable storage is untouched."""
+
+
+class CheckpointNotFoundError(RestoreError, FileNotFoundError):
+    """The requested checkpoint (or its manifest) does not exist."""
+
+
+class CorruptStateError(RestoreError):
+    """A durable file is missing, truncated, or fails its checksum.
+
+    Attributes
+    ----------
+    checkpoint_id, partition, path
+        Where the problem is, so an operator can find the file.
+    """
+
+    def __init__(self, message: str, *, checkpoint_id: int | None = None,
+                 partition: int | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.partition = partition
+        self.path = path
+
+
+class CorruptKeyGroupError(CorruptStateError):
+    """One key-group block of a savepoint fails its checksum or cannot be decompressed."""
+
+    def __init__(self, message: str, *, key_group: int, path: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.key_group = key_group
+
+
+# --- failure handling ----------------------------------------------------------------
+
+
+class RestartsExhaustedError(StateBackendError, RuntimeError):
+    """The restart strategy gave up; ``__cause__`` is the last failure."""

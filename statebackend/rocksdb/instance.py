@@ -1,0 +1,207 @@
+"""One RocksDB instance per (operator, partition): open, column families, native checkpoint.
+
+This package is the only one that imports rocksdict. Everything above it sees raw bytes
+keys and values and the small surface of :class:`RocksDBInstance`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch
+
+from ..errors import StateBackendError
+
+DEFAULT_CF = "default"
+
+
+@dataclass(frozen=True)
+class SstFile:
+    """A live SST file of the instance, as RocksDB reports it."""
+
+    name: str  # file name without directory, e.g. "000012.sst"
+    size: int
+    column_family: str | None = None
+
+
+def _raw_options(base: Options | None = None) -> Options:
+    opts = base if base is not None else Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class RocksDBInstance:
+    """A RocksDB database in ``path`` with one column family per declared state.
+
+    Parameters
+    ----------
+    path : str
+        Working directory of the instance (created if missing).
+    db_options : rocksdict.Options, optional
+        Options built by :func:`statebackend.rocksdb.options.to_rocksdict_options`; raw
+        mode is required. Defaults to plain raw-mode options.
+    cf_options : callable, optional
+        ``name -> rocksdict.Options`` for new column families (defaults to ``db_options``).
+    """
+
+    def __init__(self, path: str, db_options: Options | None = None,
+                 cf_options: Any = None) -> None:
+        self.path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self._db_options = _raw_options(db_options)
+        self._cf_options = cf_options or (lambda _name: self._db_options)
+        existing: list[str] = []
+        if os.path.exists(os.path.join(self.path, "CURRENT")):
+            existing = [n for n in Rdict.list_cf(self.path, self._db_options) if n != DEFAULT_CF]
+        self._db = Rdict(self.path, self._db_options,
+                         column_families={n: self._cf_options(n) for n in existing} or None)
+        self._cfs: dict[str, Rdict] = {DEFAULT_CF: self._db}
+        for name in existing:
+            self._cfs[name] = self._db.get_column_family(name)
+        self._closed = False
+
+    # --- column families --------------------------------------------------------------
+
+    @property
+    def db(self) -> Rdict:
+        self._check_open()
+        return self._db
+
+    def column_family_names(self) -> list[str]:
+        return list(self._cfs)
+
+    def column_family(self, name: str, create: bool = True) -> Rdict:
+        """The column family ``name`` (created on first use when ``create``)."""
+        self._check_open()
+        cf = self._cfs.get(name)
+        if cf is None:
+            if not create:
+                raise StateBackendError(f"column family {name!r} does not exist in {self.path}")
+            cf = self._db.create_column_family(name, self._cf_options(name))
+            self._cfs[name] = cf
+        return cf
+
+    def column_family_handle(self, name: str) -> Any:
+        self.column_family(name)
+        return self._db.get_column_family_handle(name)
+
+    def drop_column_family(self, name: str) -> None:
+        if name in self._cfs and name != DEFAULT_CF:
+            self._db.drop_column_family(name)
+            del self._cfs[name]
+
+    # --- batched access ---------------------------------------------------------------
+
+    def write(self, puts: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
+        """Apply ``{cf: {key: value or None (delete)}}`` atomically in one WriteBatch."""
+        self._check_open()
+        wb = WriteBatch(raw_mode=True)
+        for cf_name, entries in puts.items():
+            if not entries:
+                continue
+            handle = self.column_family_handle(cf_name)
+            for k, v in entries.items():
+                if v is None:
+                    wb.delete(k, handle)
+                else:
+                    wb.put(k, v, handle)
+        if len(wb):
+            self._db.write(wb)
+
+    def multi_get(self, cf_name: str, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return self.column_family(cf_name).get(keys)
+
+    def scan_prefix(self, cf_name: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """All entries whose key starts with ``prefix``, in key order."""
+        it = self.column_family(cf_name).iter()
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            yield k, it.value()
+            it.next()
+
+    def scan_range(self, cf_name: str, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with ``start <= key < end`` (``end=None``: to the last key)."""
+        it = self.column_family(cf_name).iter()
+        it.seek(start)
+        while it.valid():
+            k = it.key()
+            if end is not None and k >= end:
+                break
+            yield k, it.value()
+            it.next()
+
+    def delete_range(self, cf_name: str, start: bytes, end: bytes) -> None:
+        self.column_family(cf_name).delete_range(start, end)
+
+    # --- durability -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        self._check_open()
+        for cf in self._cfs.values():
+            cf.flush()
+
+    def create_native_checkpoint(self, target_dir: str) -> None:
+        """Flush every column family and hard-link the live files into ``target_dir``.
+
+        ``target_dir`` must not exist yet (RocksDB refuses to overwrite).
+        """
+        self._check_open()
+        if os.path.exists(target_dir):
+            shutil.rmtree(target_dir)
+        os.makedirs(os.path.dirname(os.path.abspath(target_dir)), exist_ok=True)
+        Checkpoint(self._db).create_checkpoint(target_dir)
+
+    def live_sst_files(self) -> list[SstFile]:
+        self._check_open()
+        out = []
+        for f in self._db.live_files():
+            out.append(SstFile(name=f["name"].lstrip("/"), size=int(f["size"]),
+                               column_family=f.get("column_family_name")))
+        return out
+
+    def property_int(self, name: str, cf_name: str = DEFAULT_CF) -> int | None:
+        try:
+            return self.column_family(cf_name, create=False).property_int_value(name)
+        except Exception:  # noqa: BLE001 - a missing property is not an error
+            return None
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateBackendError(f"RocksDB instance at {self.path} is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._cfs.clear()
+            self._db.close()
+
+    def __enter__(self) -> RocksDBInstance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def destroy(path: str) -> None:
+    """Remove a (closed) instance directory entirely."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def iter_column_families(path: str) -> Iterable[str]:
+    return Rdict.list_cf(path, _raw_options())
