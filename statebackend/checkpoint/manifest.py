@@ -225,3 +225,16 @@ class CompletedCheckpoint:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"{where}: completed-checkpoint record is truncated or "
                                     f"malformed ({exc})", path=where) from exc
+
+
+def choose_manifest(candidates: list[PartitionManifest]) -> PartitionManifest:
+    """The deterministic choice among several published attempts of one (checkpoint, partition).
+
+    Every reader (the coordinator completing a checkpoint, a task restoring before the record
+    exists) applies the same rule: the attempt whose name sorts first. For deterministic user
+    functions all attempts hold the same logical state, so the choice only decides which files
+    are referenced; the others become failed attempts.
+    """
+    if not candidates:
+        raise ValueError("choose_manifest needs at least one candidate")
+    return min(candidates, key=lambda m: m.attempt)
