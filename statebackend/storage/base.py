@@ -8,8 +8,18 @@ under it. Implementations retry transient failures and raise
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from ..errors import StorageError
+
+
+class StoreFileNotFoundError(StorageError, FileNotFoundError):
+    """A file asked of a :class:`DurableStore` does not exist.
+
+    Both a :class:`~statebackend.errors.StorageError` and a builtin ``FileNotFoundError``,
+    so callers may catch either.
+    """
 
 
 @dataclass(frozen=True)
@@ -62,5 +72,38 @@ class DurableStore(ABC):
         for the whole store. A missing directory gives an empty list.
         """
 
+    # --- additive API with portable defaults -----------------------------------------
+    # Implementations override these with parallel or cheaper versions; the defaults keep
+    # minimal stores (test doubles) usable.
+
+    def put_files(self, pairs: Iterable[tuple[str, str]]) -> list[Transfer]:
+        """Upload ``(local_path, path)`` pairs; results in input order.
+
+        All transfers have finished (or been cancelled) when this returns or raises.
+        """
+        return [self.put_file(local, path) for local, path in pairs]
+
+    def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
+        """Download ``(path, local_path[, size[, checksum]])`` items; results in input order."""
+        out = []
+        for item in items:
+            path, local, size, checksum = _expand_get(item)
+            out.append(self.get_file(path, local, size=size, checksum=checksum))
+        return out
+
+    def child(self, prefix: str) -> DurableStore:
+        """A store rooted at ``<root>/<prefix>`` (sharing connections when possible)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support child stores")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release pools and connections."""
+
+
+def _expand_get(item: Sequence[object]) -> tuple[str, str, int | None, str | None]:
+    """Normalise a ``get_files`` item to ``(path, local_path, size, checksum)``."""
+    if not 2 <= len(item) <= 4:
+        raise ValueError(f"get_files item {item!r}: expected (path, local_path[, size[, checksum]])")
+    padded = list(item) + [None] * (4 - len(item))
+    path, local, size, checksum = padded
+    return str(path), str(local), (None if size is None else int(size)), (  # type: ignore[call-overload]
+        None if checksum is None else str(checksum))

@@ -1,0 +1,92 @@
+"""Shared fixtures: a moto S3 server on 127.0.0.1, and durable-store URLs of every kind.
+
+``store_url`` is parametrised over local, memory and S3 and yields ``(url, storage_options)``;
+any test that takes it runs once per filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SECURITY_TOKEN": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 and a free port; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    saved = {k: os.environ.get(k) for k in _S3_ENV}
+    os.environ.update(_S3_ENV)
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_url(moto_server: str) -> tuple[str, dict[str, Any]]:
+    """A fresh bucket on the moto server: ``("s3://bucket/prefix", storage_options)``."""
+    import boto3
+
+    bucket = f"sb-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
+        Bucket=bucket)
+    options: dict[str, Any] = {
+        "client_kwargs": {"endpoint_url": moto_server, "region_name": "us-east-1"},
+        "key": _S3_ENV["AWS_ACCESS_KEY_ID"],
+        "secret": _S3_ENV["AWS_SECRET_ACCESS_KEY"],
+        # Buckets are fresh per test, so a cached instance's listings would only mislead.
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
+    }
+    return f"s3://{bucket}/prefix", options
+
+
+@pytest.fixture
+def memory_url() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A unique prefix of fsspec's (process-global) memory filesystem, removed afterwards."""
+    import fsspec
+
+    prefix = f"sb-test-{uuid.uuid4().hex[:12]}"
+    yield f"memory://{prefix}", {}
+    fs = fsspec.filesystem("memory")
+    if fs.exists(f"/{prefix}"):
+        fs.rm(f"/{prefix}", recursive=True)
+
+
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` for a fresh, empty store root on each filesystem kind."""
+    if request.param == "local":
+        return str(tmp_path / "durable"), {}
+    if request.param == "memory":
+        return request.getfixturevalue("memory_url")
+    return request.getfixturevalue("s3_url")
