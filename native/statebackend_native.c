@@ -1,0 +1,547 @@
+/*
+ * statebackend._native: the compiled twins of statebackend/_kernels.py.
+ *
+ * Two kernels over whole columns of grouping keys (column specs are plain tuples built by
+ * statebackend/keygroups.py; see the docstring of statebackend/_kernels.py):
+ *
+ *   hash_columns(columns, out, max_parallelism) -> None
+ *       Spark's Murmur3_x86_32 (seed chained column to column, nulls skipped), then
+ *       optionally pmod(hash, max_parallelism), written in place into the int32 `out`.
+ *   encode_keys(columns, key_groups) -> list[bytes]
+ *       2-byte big-endian key group, then one field per column.
+ *
+ * Each must stay byte-for-byte equal to its pure-Python twin; tests/test_native.py checks.
+ * C99, CPython API only, no numpy headers: arrays arrive through the buffer protocol.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- Murmur3_x86_32 exactly as Spark's Murmur3_x86_32.java ----------------------- */
+
+static inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+static inline uint32_t mix_k1(uint32_t k1) {
+    k1 *= 0xcc9e2d51u;
+    k1 = rotl32(k1, 15);
+    return k1 * 0x1b873593u;
+}
+
+static inline uint32_t mix_h1(uint32_t h1, uint32_t k1) {
+    h1 ^= k1;
+    h1 = rotl32(h1, 13);
+    return h1 * 5u + 0xe6546b64u;
+}
+
+static inline uint32_t fmix(uint32_t h1, uint32_t length) {
+    h1 ^= length;
+    h1 ^= h1 >> 16;
+    h1 *= 0x85ebca6bu;
+    h1 ^= h1 >> 13;
+    h1 *= 0xc2b2ae35u;
+    h1 ^= h1 >> 16;
+    return h1;
+}
+
+static inline uint32_t hash_int(uint32_t v, uint32_t seed) {
+    return fmix(mix_h1(seed, mix_k1(v)), 4);
+}
+
+static inline uint32_t hash_long(uint64_t v, uint32_t seed) {
+    uint32_t h1 = mix_h1(seed, mix_k1((uint32_t)v));
+    h1 = mix_h1(h1, mix_k1((uint32_t)(v >> 32)));
+    return fmix(h1, 8);
+}
+
+/* Spark's legacy hashUnsafeBytes: little-endian words, then each tail byte mixed as a
+ * sign-extended int (not the reference Murmur3 tail). */
+static inline uint32_t hash_bytes(const uint8_t *p, Py_ssize_t n, uint32_t seed) {
+    Py_ssize_t aligned = n - n % 4;
+    uint32_t h1 = seed;
+    for (Py_ssize_t i = 0; i < aligned; i += 4) {
+        uint32_t w = (uint32_t)p[i] | ((uint32_t)p[i + 1] << 8) | ((uint32_t)p[i + 2] << 16) |
+                     ((uint32_t)p[i + 3] << 24);
+        h1 = mix_h1(h1, mix_k1(w));
+    }
+    for (Py_ssize_t i = aligned; i < n; i++) {
+        int32_t b = (int8_t)p[i];
+        h1 = mix_h1(h1, mix_k1((uint32_t)b));
+    }
+    return fmix(h1, (uint32_t)n);
+}
+
+/* ---- column specs ----------------------------------------------------------------- */
+
+enum kind { K_I32, K_I64, K_INT, K_F32, K_F64, K_OBJ, K_A32, K_A64 };
+
+typedef struct {
+    enum kind kind;
+    Py_buffer values; /* numeric values, or Arrow data */
+    Py_buffer offsets; /* Arrow offsets */
+    Py_buffer mask;
+    int has_values, has_offsets, has_mask;
+    PyObject *seq; /* PySequence_Fast of an "obj" column (owned) */
+} column_t;
+
+static void column_release(column_t *c) {
+    if (c->has_values) PyBuffer_Release(&c->values);
+    if (c->has_offsets) PyBuffer_Release(&c->offsets);
+    if (c->has_mask) PyBuffer_Release(&c->mask);
+    Py_XDECREF(c->seq);
+    c->has_values = c->has_offsets = c->has_mask = 0;
+    c->seq = NULL;
+}
+
+static void columns_release(column_t *cols, Py_ssize_t ncols) {
+    if (cols == NULL) return;
+    for (Py_ssize_t i = 0; i < ncols; i++) column_release(&cols[i]);
+    PyMem_Free(cols);
+}
+
+static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n,
+                     const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes, got %zd", what, itemsize,
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (n >= 0 && view->len / itemsize != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd rows, expected %zd", what,
+                     view->len / itemsize, n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parse one column spec tuple for n rows. `encode` selects which numeric kinds are legal. */
+static int column_parse(PyObject *spec, Py_ssize_t n, int encode, column_t *c) {
+    memset(c, 0, sizeof(*c));
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
+        PyErr_SetString(PyExc_TypeError, "a column spec is a tuple (kind, ...)");
+        return -1;
+    }
+    const char *k = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+    if (k == NULL) return -1;
+    Py_ssize_t size = PyTuple_GET_SIZE(spec);
+    if (strcmp(k, "obj") == 0) {
+        c->kind = K_OBJ;
+        c->seq = PySequence_Fast(PyTuple_GET_ITEM(spec, 1), "obj column must be a sequence");
+        if (c->seq == NULL) return -1;
+        if (PySequence_Fast_GET_SIZE(c->seq) != n) {
+            PyErr_Format(PyExc_ValueError, "column 'obj' has %zd rows, expected %zd",
+                         PySequence_Fast_GET_SIZE(c->seq), n);
+            goto fail;
+        }
+        return 0;
+    }
+    if (strcmp(k, "a32") == 0 || strcmp(k, "a64") == 0) {
+        c->kind = k[1] == '3' ? K_A32 : K_A64;
+        if (size != 4) {
+            PyErr_SetString(PyExc_TypeError, "an Arrow column spec is (kind, offsets, data, mask)");
+            return -1;
+        }
+        if (get_array(PyTuple_GET_ITEM(spec, 1), &c->offsets, c->kind == K_A32 ? 4 : 8, n + 1,
+                      "offsets") < 0)
+            return -1;
+        c->has_offsets = 1;
+        if (get_array(PyTuple_GET_ITEM(spec, 2), &c->values, 1, -1, "data") < 0) goto fail;
+        c->has_values = 1;
+        /* Every offset must lie in the data buffer and never decrease: bad input must
+         * raise, not read out of bounds. */
+        Py_ssize_t dlen = c->values.len;
+        if (c->kind == K_A32) {
+            const int32_t *o = (const int32_t *)c->offsets.buf;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (o[i] < 0 || o[i + 1] < o[i] || o[i + 1] > dlen) goto bad_offsets;
+            if (n == 0 && (o[0] < 0 || o[0] > dlen)) goto bad_offsets;
+        } else {
+            const int64_t *o = (const int64_t *)c->offsets.buf;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (o[i] < 0 || o[i + 1] < o[i] || o[i + 1] > dlen) goto bad_offsets;
+            if (n == 0 && (o[0] < 0 || o[0] > dlen)) goto bad_offsets;
+        }
+        if (PyTuple_GET_ITEM(spec, 3) != Py_None) {
+            if (get_array(PyTuple_GET_ITEM(spec, 3), &c->mask, 1, n, "mask") < 0) goto fail;
+            c->has_mask = 1;
+        }
+        return 0;
+    bad_offsets:
+        PyErr_SetString(PyExc_ValueError, "Arrow offsets out of bounds or decreasing");
+        goto fail;
+    }
+    Py_ssize_t itemsize;
+    if (!encode && strcmp(k, "i32") == 0) {
+        c->kind = K_I32;
+        itemsize = 4;
+    } else if (!encode && strcmp(k, "i64") == 0) {
+        c->kind = K_I64;
+        itemsize = 8;
+    } else if (encode && strcmp(k, "int") == 0) {
+        c->kind = K_INT;
+        itemsize = 8;
+    } else if (encode && strcmp(k, "f32") == 0) {
+        c->kind = K_F32;
+        itemsize = 4;
+    } else if (encode && strcmp(k, "f64") == 0) {
+        c->kind = K_F64;
+        itemsize = 8;
+    } else {
+        PyErr_Format(PyExc_ValueError, "unknown column kind '%s' for %s", k,
+                     encode ? "encoding" : "hashing");
+        return -1;
+    }
+    if (size != 3) {
+        PyErr_SetString(PyExc_TypeError, "a numeric column spec is (kind, values, mask)");
+        return -1;
+    }
+    if (get_array(PyTuple_GET_ITEM(spec, 1), &c->values, itemsize, n, k) < 0) return -1;
+    c->has_values = 1;
+    if (PyTuple_GET_ITEM(spec, 2) != Py_None) {
+        if (get_array(PyTuple_GET_ITEM(spec, 2), &c->mask, 1, n, "mask") < 0) goto fail;
+        c->has_mask = 1;
+    }
+    return 0;
+fail:
+    column_release(c);
+    return -1;
+}
+
+static column_t *columns_parse(PyObject *columns, Py_ssize_t n, int encode, Py_ssize_t *ncols) {
+    PyObject *seq = PySequence_Fast(columns, "columns must be a sequence of column specs");
+    if (seq == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    column_t *cols = PyMem_Calloc(m > 0 ? (size_t)m : 1, sizeof(column_t));
+    if (cols == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (column_parse(PySequence_Fast_GET_ITEM(seq, i), n, encode, &cols[i]) < 0) {
+            columns_release(cols, i);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    *ncols = m;
+    return cols;
+}
+
+/* The bytes of an "obj" item: 1 = present, 0 = null (None or NaN), -1 = error. A str's
+ * UTF-8 form is cached by CPython (free for ASCII strings); lone surrogates raise
+ * UnicodeEncodeError like str.encode("utf-8") in the twin. */
+static inline int obj_bytes(PyObject *o, const char **p, Py_ssize_t *n) {
+    if (PyUnicode_CheckExact(o) || PyUnicode_Check(o)) {
+        *p = PyUnicode_AsUTF8AndSize(o, n);
+        return *p != NULL ? 1 : -1;
+    }
+    if (o == Py_None) return 0;
+    if (PyBytes_Check(o)) {
+        *p = PyBytes_AS_STRING(o);
+        *n = PyBytes_GET_SIZE(o);
+        return 1;
+    }
+    if (PyByteArray_Check(o)) {
+        *p = PyByteArray_AS_STRING(o);
+        *n = PyByteArray_GET_SIZE(o);
+        return 1;
+    }
+    if (PyFloat_Check(o) && isnan(PyFloat_AS_DOUBLE(o))) return 0;
+    PyErr_Format(PyExc_TypeError,
+                 "expected str, bytes or None in a string/binary key column, got %.100s",
+                 Py_TYPE(o)->tp_name);
+    return -1;
+}
+
+static inline int mask_at(const column_t *c, Py_ssize_t i) {
+    return !c->has_mask || ((const uint8_t *)c->mask.buf)[i] != 0;
+}
+
+static inline void arrow_item(const column_t *c, Py_ssize_t i, const uint8_t **p, Py_ssize_t *n) {
+    int64_t a, b;
+    if (c->kind == K_A32) {
+        a = ((const int32_t *)c->offsets.buf)[i];
+        b = ((const int32_t *)c->offsets.buf)[i + 1];
+    } else {
+        a = ((const int64_t *)c->offsets.buf)[i];
+        b = ((const int64_t *)c->offsets.buf)[i + 1];
+    }
+    *p = (const uint8_t *)c->values.buf + a;
+    *n = (Py_ssize_t)(b - a);
+}
+
+/* ---- hash_columns ------------------------------------------------------------------ */
+
+static PyObject *py_hash_columns(PyObject *self, PyObject *args) {
+    PyObject *columns, *out_obj;
+    long max_parallelism;
+    if (!PyArg_ParseTuple(args, "OOl:hash_columns", &columns, &out_obj, &max_parallelism))
+        return NULL;
+    Py_buffer out;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (out.itemsize != 4) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_TypeError, "out must be a writable, C-contiguous int32 array");
+        return NULL;
+    }
+    Py_ssize_t n = out.len / 4, ncols = 0;
+    column_t *cols = columns_parse(columns, n, 0, &ncols);
+    if (cols == NULL) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    uint32_t *h = (uint32_t *)out.buf;
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < ncols && ok; j++) {
+        const column_t *c = &cols[j];
+        if (c->kind == K_OBJ) {
+            PyObject **items = PySequence_Fast_ITEMS(c->seq);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const char *p = NULL;
+                Py_ssize_t len = 0;
+                int r = obj_bytes(items[i], &p, &len);
+                if (r < 0) {
+                    ok = 0;
+                    break;
+                }
+                if (r) h[i] = hash_bytes((const uint8_t *)p, len, h[i]);
+            }
+            continue;
+        }
+        /* Numeric and Arrow columns touch no Python objects: let other threads run. */
+        Py_BEGIN_ALLOW_THREADS
+        if (c->kind == K_I32) {
+            const uint32_t *v = (const uint32_t *)c->values.buf;
+            if (c->has_mask) {
+                const uint8_t *m = (const uint8_t *)c->mask.buf;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    if (m[i]) h[i] = hash_int(v[i], h[i]);
+            } else {
+                for (Py_ssize_t i = 0; i < n; i++) h[i] = hash_int(v[i], h[i]);
+            }
+        } else if (c->kind == K_I64) {
+            const uint64_t *v = (const uint64_t *)c->values.buf;
+            if (c->has_mask) {
+                const uint8_t *m = (const uint8_t *)c->mask.buf;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    if (m[i]) h[i] = hash_long(v[i], h[i]);
+            } else {
+                for (Py_ssize_t i = 0; i < n; i++) h[i] = hash_long(v[i], h[i]);
+            }
+        } else { /* Arrow */
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (!mask_at(c, i)) continue;
+                const uint8_t *p;
+                Py_ssize_t len = 0;
+                arrow_item(c, i, &p, &len);
+                h[i] = hash_bytes(p, len, h[i]);
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (ok && max_parallelism > 0) {
+        int32_t *s = (int32_t *)out.buf;
+        int32_t mp = (int32_t)max_parallelism;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t r = s[i] % mp;
+            s[i] = r < 0 ? r + mp : r;
+        }
+    }
+    columns_release(cols, ncols);
+    PyBuffer_Release(&out);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- encode_keys ------------------------------------------------------------------- */
+
+static inline Py_ssize_t varint_len(uint64_t v) {
+    Py_ssize_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline uint8_t *put_varint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)((v & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static inline uint64_t zigzag(int64_t v) {
+    return ((uint64_t)v << 1) ^ (v < 0 ? UINT64_MAX : 0);
+}
+
+/* The int field is varint(zigzag(v) + 1); zigzag(INT64_MIN) + 1 is 2**64, which needs
+ * the 65th bit: nine continuation bytes then 0x02. */
+static inline Py_ssize_t int_field_len(int64_t v) {
+    uint64_t z = zigzag(v);
+    return z == UINT64_MAX ? 10 : varint_len(z + 1);
+}
+
+static inline uint8_t *put_int_field(uint8_t *p, int64_t v) {
+    uint64_t z = zigzag(v);
+    if (z == UINT64_MAX) {
+        memset(p, 0x80, 9);
+        p[9] = 0x02;
+        return p + 10;
+    }
+    return put_varint(p, z + 1);
+}
+
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t n; /* -1 = null */
+} span_t;
+
+static PyObject *py_encode_keys(PyObject *self, PyObject *args) {
+    PyObject *columns, *kg_obj;
+    if (!PyArg_ParseTuple(args, "OO:encode_keys", &columns, &kg_obj)) return NULL;
+    Py_buffer kgv;
+    if (PyObject_GetBuffer(kg_obj, &kgv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    const char *fmt = kgv.format ? kgv.format : "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '>' || *fmt == '!') fmt++;
+    if (kgv.itemsize != 4 || (*fmt != 'i' && *fmt != 'l')) {
+        PyBuffer_Release(&kgv);
+        PyErr_SetString(PyExc_TypeError, "key_groups must be an int32 array");
+        return NULL;
+    }
+    const int32_t *kgs = (const int32_t *)kgv.buf;
+    Py_ssize_t n = kgv.len / 4, ncols = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (kgs[i] < 0 || kgs[i] > 0xffff) {
+            PyBuffer_Release(&kgv);
+            PyErr_SetString(PyExc_OverflowError, "a key group does not fit in 2 bytes");
+            return NULL;
+        }
+    }
+    column_t *cols = columns_parse(columns, n, 1, &ncols);
+    if (cols == NULL) {
+        PyBuffer_Release(&kgv);
+        return NULL;
+    }
+    span_t *spans = PyMem_Calloc(ncols > 0 ? (size_t)ncols : 1, sizeof(span_t));
+    PyObject *result = spans ? PyList_New(n) : PyErr_NoMemory();
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* First pass over the row's columns: size (and remember byte spans). */
+        Py_ssize_t size = 2;
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            const column_t *c = &cols[j];
+            switch (c->kind) {
+            case K_INT:
+                size += mask_at(c, i) ? int_field_len(((const int64_t *)c->values.buf)[i]) : 1;
+                break;
+            case K_F32:
+                size += mask_at(c, i) ? 5 : 1;
+                break;
+            case K_F64:
+                size += mask_at(c, i) ? 9 : 1;
+                break;
+            case K_OBJ: {
+                const char *p = NULL;
+                Py_ssize_t len = 0;
+                int r = obj_bytes(PySequence_Fast_ITEMS(c->seq)[i], &p, &len);
+                if (r < 0) goto error;
+                spans[j].p = (const uint8_t *)p;
+                spans[j].n = r ? len : -1;
+                size += r ? varint_len((uint64_t)len + 1) + len : 1;
+                break;
+            }
+            default: /* Arrow */
+                if (mask_at(c, i)) {
+                    arrow_item(c, i, &spans[j].p, &spans[j].n);
+                    size += varint_len((uint64_t)spans[j].n + 1) + spans[j].n;
+                } else {
+                    spans[j].n = -1;
+                    size += 1;
+                }
+            }
+        }
+        PyObject *b = PyBytes_FromStringAndSize(NULL, size);
+        if (b == NULL) goto error;
+        uint8_t *q = (uint8_t *)PyBytes_AS_STRING(b);
+        *q++ = (uint8_t)(kgs[i] >> 8);
+        *q++ = (uint8_t)kgs[i];
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            const column_t *c = &cols[j];
+            switch (c->kind) {
+            case K_INT:
+                if (mask_at(c, i))
+                    q = put_int_field(q, ((const int64_t *)c->values.buf)[i]);
+                else
+                    *q++ = 0;
+                break;
+            case K_F32:
+                if (mask_at(c, i)) {
+                    uint32_t v = ((const uint32_t *)c->values.buf)[i];
+                    *q++ = 1;
+                    for (int s = 24; s >= 0; s -= 8) *q++ = (uint8_t)(v >> s);
+                } else {
+                    *q++ = 0;
+                }
+                break;
+            case K_F64:
+                if (mask_at(c, i)) {
+                    uint64_t v = ((const uint64_t *)c->values.buf)[i];
+                    *q++ = 1;
+                    for (int s = 56; s >= 0; s -= 8) *q++ = (uint8_t)(v >> s);
+                } else {
+                    *q++ = 0;
+                }
+                break;
+            default: /* obj and Arrow: spans from the first pass */
+                if (spans[j].n < 0) {
+                    *q++ = 0;
+                } else {
+                    q = put_varint(q, (uint64_t)spans[j].n + 1);
+                    memcpy(q, spans[j].p, (size_t)spans[j].n);
+                    q += spans[j].n;
+                }
+            }
+        }
+        PyList_SET_ITEM(result, i, b);
+    }
+    goto done;
+error:
+    Py_CLEAR(result);
+done:
+    PyMem_Free(spans);
+    columns_release(cols, ncols);
+    PyBuffer_Release(&kgv);
+    return result;
+}
+
+/* ---- module ------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"hash_columns", py_hash_columns, METH_VARARGS,
+     "hash_columns(columns, out, max_parallelism) -> None\n\n"
+     "Spark Murmur3 (seed chained per column, nulls skipped) of every row, in place into the\n"
+     "int32 array `out` (which holds the seeds); then pmod by max_parallelism if > 0."},
+    {"encode_keys", py_encode_keys, METH_VARARGS,
+     "encode_keys(columns, key_groups) -> list[bytes]\n\n"
+     "2-byte big-endian key group followed by each column's field, for every row."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "statebackend._native",
+    "Compiled kernels of statebackend (see statebackend/_kernels.py for their twins).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&moduledef); }

@@ -1,0 +1,341 @@
+"""The hot-path kernels: compiled (``statebackend._native``) or their pure-Python twins.
+
+Two kernels work on whole columns that :mod:`statebackend.keygroups` has already turned
+into *column specs* (plain tuples of numpy arrays and lists, so the C side needs no numpy
+headers):
+
+``hash_columns(columns, out, max_parallelism)``
+    Spark's Murmur3_x86_32 over the columns of a (possibly composite) key, row by row.
+    ``out`` is a writable ``int32`` array holding the seed of every row; it is updated in
+    place with the hash (column ``i``'s hash seeds column ``i + 1``; a null leaves it
+    unchanged). If ``max_parallelism > 0`` it is finally replaced by
+    ``pmod(hash, max_parallelism)``, the key group. Column specs::
+
+        ("i32", int32 array, mask | None)      hashInt
+        ("i64", int64 array, mask | None)      hashLong
+        ("obj", list)                          str (UTF-8) / bytes / None (null) / NaN (null)
+        ("a32" | "a64", offsets, data, mask | None)
+                                               Arrow (large_)string/binary buffers: offsets
+                                               is int32/int64 of length n + 1, data uint8
+
+``encode_keys(columns, key_groups)``
+    The RocksDB key prefix of every row: the key group as 2 bytes big-endian, then each
+    column's field (see :mod:`statebackend.keycodec` for the layout). Column specs::
+
+        ("int", int64 array, mask | None)      zig-zag LEB128 varint of v, plus one; 0 = null
+        ("f32", uint32 bits, mask | None)      0x00 = null, else 0x01 + 4 bytes big-endian
+        ("f64", uint64 bits, mask | None)      0x00 = null, else 0x01 + 8 bytes big-endian
+        ("obj", list) / ("a32" | "a64", ...)   varint(len + 1) + bytes; 0x00 = null
+
+A ``mask`` is a ``bool`` array, True where the value is present.
+
+The twins below are the reference: the C kernels must be byte-for-byte equal to them
+(tests/test_native.py checks it with Hypothesis). ``STATEBACKEND_NO_NATIVE=1`` forces the
+twins; when the extension cannot be imported the twins are used and one warning says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BACKEND",
+    "encode_keys",
+    "hash_columns",
+    "native",
+    "py_encode_keys",
+    "py_hash_columns",
+]
+
+_M32 = 0xFFFFFFFF
+_C1 = 0xCC9E2D51
+_C2 = 0x1B873593
+
+# --- scalar Murmur3 (Spark's Murmur3_x86_32), unsigned 32-bit arithmetic -------------
+
+
+def mix_k1(k1: int) -> int:
+    """Mix one 32-bit input word (unsigned in, unsigned out)."""
+    k1 = (k1 * _C1) & _M32
+    k1 = ((k1 << 15) | (k1 >> 17)) & _M32
+    return (k1 * _C2) & _M32
+
+
+def mix_h1(h1: int, k1: int) -> int:
+    """Fold a mixed word into the running hash (unsigned)."""
+    h1 ^= k1
+    h1 = ((h1 << 13) | (h1 >> 19)) & _M32
+    return (h1 * 5 + 0xE6546B64) & _M32
+
+
+def fmix(h1: int, length: int) -> int:
+    """Final avalanche, with the input length in bytes (unsigned)."""
+    h1 ^= length
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return h1
+
+
+def hash_int(value: int, seed: int) -> int:
+    """Spark's ``hashInt``: ``value`` and ``seed`` as unsigned 32-bit, result unsigned."""
+    return fmix(mix_h1(seed & _M32, mix_k1(value & _M32)), 4)
+
+
+def hash_long(value: int, seed: int) -> int:
+    """Spark's ``hashLong``: the low word, then the high word (unsigned result)."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    h1 = mix_h1(seed & _M32, mix_k1(value & _M32))
+    h1 = mix_h1(h1, mix_k1(value >> 32))
+    return fmix(h1, 8)
+
+
+def hash_bytes(data: bytes, seed: int) -> int:
+    """Spark's legacy ``hashUnsafeBytes`` (what ``hash()`` uses for strings and binary).
+
+    The 4-byte-aligned body is read as little-endian ints; each trailing byte is then
+    mixed as a full sign-extended int, which differs from the reference Murmur3 tail.
+    """
+    n = len(data)
+    aligned = n - n % 4
+    h1 = seed & _M32
+    if aligned:
+        for word in struct.unpack_from(f"<{aligned // 4}I", data):
+            h1 = mix_h1(h1, mix_k1(word))
+    for i in range(aligned, n):
+        b = data[i]
+        h1 = mix_h1(h1, mix_k1((b - 256 if b >= 128 else b) & _M32))
+    return fmix(h1, n)
+
+
+def to_signed32(value: int) -> int:
+    """Reinterpret an unsigned 32-bit value as Java's signed ``int``."""
+    value &= _M32
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+# --- vectorised Murmur3 for numeric columns (numpy, uint32 wrap-around) ----------------
+
+_U = np.uint32
+
+
+def _np_mix_k1(k1: np.ndarray) -> np.ndarray:
+    k1 = k1 * _U(_C1)
+    k1 = (k1 << _U(15)) | (k1 >> _U(17))
+    return k1 * _U(_C2)
+
+
+def _np_mix_h1(h1: np.ndarray, k1: np.ndarray) -> np.ndarray:
+    h1 = h1 ^ k1
+    h1 = (h1 << _U(13)) | (h1 >> _U(19))
+    return h1 * _U(5) + _U(0xE6546B64)
+
+
+def _np_fmix(h1: np.ndarray, length: int) -> np.ndarray:
+    h1 = h1 ^ _U(length)
+    h1 ^= h1 >> _U(16)
+    h1 *= _U(0x85EBCA6B)
+    h1 ^= h1 >> _U(13)
+    h1 *= _U(0xC2B2AE35)
+    h1 ^= h1 >> _U(16)
+    return h1
+
+
+def _np_hash_i32(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    k = np.ascontiguousarray(values, dtype=np.int32).view(np.uint32)
+    return _np_fmix(_np_mix_h1(seeds, _np_mix_k1(k)), 4)
+
+
+def _np_hash_i64(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    v = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
+    low = (v & np.uint64(_M32)).astype(np.uint32)
+    high = (v >> np.uint64(32)).astype(np.uint32)
+    h1 = _np_mix_h1(seeds, _np_mix_k1(low))
+    h1 = _np_mix_h1(h1, _np_mix_k1(high))
+    return _np_fmix(h1, 8)
+
+
+def _obj_bytes(item: Any) -> bytes | None:
+    """The bytes an object-column item hashes/encodes as, or None for a null."""
+    if item is None:
+        return None
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, (bytes, bytearray)):
+        return bytes(item)
+    if isinstance(item, float) and math.isnan(item):
+        return None
+    raise TypeError(
+        f"expected str, bytes or None in a string/binary key column, got {type(item).__name__}")
+
+
+def _arrow_items(offsets: np.ndarray, data: np.ndarray, mask: np.ndarray | None
+                 ) -> list[bytes | None]:
+    buf = np.asarray(data, dtype=np.uint8).tobytes()
+    offs = np.asarray(offsets).tolist()
+    items: list[bytes | None] = [buf[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+    if mask is not None:
+        for i in np.flatnonzero(~np.asarray(mask, dtype=bool)).tolist():
+            items[i] = None
+    return items
+
+
+def _check_len(name: str, got: int, n: int) -> None:
+    if got != n:
+        raise ValueError(f"column {name!r} has {got} rows, expected {n}")
+
+
+def py_hash_columns(columns: Sequence[tuple], out: np.ndarray, max_parallelism: int) -> None:
+    """Pure-Python twin of the native ``hash_columns`` (see the module docstring)."""
+    if out.dtype != np.int32 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise TypeError("out must be a writable, C-contiguous int32 array")
+    n = len(out)
+    seeds = out.view(np.uint32)
+    for col in columns:
+        kind = col[0]
+        if kind in ("i32", "i64"):
+            values, mask = col[1], col[2]
+            _check_len(kind, len(values), n)
+            h = _np_hash_i32(values, seeds) if kind == "i32" else _np_hash_i64(values, seeds)
+            if mask is not None:
+                _check_len("mask", len(mask), n)
+                h = np.where(np.asarray(mask, dtype=bool), h, seeds)
+            seeds[:] = h
+        elif kind in ("obj", "a32", "a64"):
+            if kind == "obj":
+                items: Sequence[Any] = col[1]
+            else:
+                if col[3] is not None:
+                    _check_len("mask", len(col[3]), n)
+                items = _arrow_items(col[1], col[2], col[3])
+            _check_len(kind, len(items), n)
+            hs = seeds.tolist()
+            for i, item in enumerate(items):
+                b = _obj_bytes(item)
+                if b is not None:
+                    hs[i] = hash_bytes(b, hs[i])
+            seeds[:] = np.asarray(hs, dtype=np.uint32)
+        else:
+            raise ValueError(f"unknown column kind {kind!r} for hashing")
+    if max_parallelism > 0:
+        out[:] = np.mod(out, np.int32(max_parallelism))
+
+
+# --- key encoding --------------------------------------------------------------------
+
+
+def varint(value: int) -> bytes:
+    """Unsigned LEB128 of a non-negative int (any size)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [varint(i) for i in range(128)]
+
+
+def int_field(value: int) -> bytes:
+    """The field of a present integer: varint(zigzag(value) + 1), so 0x00 can mean null."""
+    w = (value << 1) + 1 if value >= 0 else ((-value) << 1)  # zigzag(v) + 1
+    return _SMALL_VARINTS[w] if w < 128 else varint(w)
+
+
+def bytes_field(data: bytes) -> bytes:
+    """The field of present bytes: varint(len + 1) then the bytes."""
+    n = len(data) + 1
+    return (_SMALL_VARINTS[n] if n < 128 else varint(n)) + data
+
+
+NULL_FIELD = b"\x00"
+KEY_GROUP_PREFIXES = [kg.to_bytes(2, "big") for kg in range(1 << 16)]
+
+
+def _fields(col: tuple, n: int) -> list[bytes]:
+    kind = col[0]
+    if kind in ("int", "f32", "f64"):
+        values, mask = col[1], col[2]
+        _check_len(kind, len(values), n)
+        if kind == "int":
+            fields = [int_field(v) for v in np.asarray(values, dtype=np.int64).tolist()]
+        else:
+            width, dt = (4, ">u4") if kind == "f32" else (8, ">u8")
+            raw = np.asarray(values).astype(dt).tobytes()
+            fields = [b"\x01" + raw[i:i + width] for i in range(0, n * width, width)]
+        if mask is not None:
+            _check_len("mask", len(mask), n)
+            for i in np.flatnonzero(~np.asarray(mask, dtype=bool)).tolist():
+                fields[i] = NULL_FIELD
+        return fields
+    if kind in ("obj", "a32", "a64"):
+        if kind == "obj":
+            items: Sequence[Any] = col[1]
+        else:
+            if col[3] is not None:
+                _check_len("mask", len(col[3]), n)
+            items = _arrow_items(col[1], col[2], col[3])
+        _check_len(kind, len(items), n)
+        out = []
+        for item in items:
+            b = _obj_bytes(item)
+            out.append(NULL_FIELD if b is None else bytes_field(b))
+        return out
+    raise ValueError(f"unknown column kind {kind!r} for encoding")
+
+
+def py_encode_keys(columns: Sequence[tuple], key_groups: np.ndarray) -> list[bytes]:
+    """Pure-Python twin of the native ``encode_keys`` (see the module docstring)."""
+    kgs = np.asarray(key_groups)
+    if kgs.dtype != np.int32:
+        raise TypeError("key_groups must be an int32 array")
+    n = len(kgs)
+    kg_list = kgs.tolist()
+    if n and (min(kg_list) < 0 or max(kg_list) > 0xFFFF):
+        raise OverflowError("a key group does not fit in 2 bytes")
+    per_col = [_fields(col, n) for col in columns]
+    prefixes = KEY_GROUP_PREFIXES
+    if len(per_col) == 1:
+        only = per_col[0]
+        return [prefixes[kg] + f for kg, f in zip(kg_list, only)]
+    rows = zip(*per_col) if per_col else ([] for _ in range(n))
+    return [prefixes[kg] + b"".join(fs) for kg, fs in zip(kg_list, rows)]
+
+
+# --- choose the implementation -------------------------------------------------------
+
+
+def _load_native() -> ModuleType | None:
+    if os.environ.get("STATEBACKEND_NO_NATIVE", "") not in ("", "0"):
+        return None  # an explicit choice: no warning
+    try:
+        from . import _native as mod  # type: ignore[attr-defined]
+    except ImportError as exc:
+        # Import runs once per process, so this warns once per process.
+        warnings.warn(
+            f"statebackend: native kernels unavailable ({exc}); using the slower pure-Python "
+            "twins. Rebuild with `pip install -e .` (needs a C compiler) to get them.",
+            RuntimeWarning, stacklevel=2)
+        return None
+    return mod
+
+
+native: ModuleType | None = _load_native()
+"""The compiled module, or None when the twins are in use."""
+
+BACKEND: str = "native" if native is not None else "python"
+"""Which implementation the names below are bound to: "native" or "python"."""
+
+hash_columns = native.hash_columns if native is not None else py_hash_columns
+encode_keys = native.encode_keys if native is not None else py_encode_keys
