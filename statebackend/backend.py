@@ -1,0 +1,273 @@
+"""``RocksDBStateBackend``: the one object users create, and the swap-in calls.
+
+    backend = RocksDBStateBackend("/tmp/state/orders")            # or "s3://bucket/state"
+    out = backend.transform_with_state(df.groupBy("user"), MyProcessor(), schema,
+                                       "Update", "None")            # was df.groupBy(...).transformWithStateInPandas(...)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, GroupedData, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import StructType
+
+from .checkpoint.manifest import check_component
+from .errors import OptionsError
+from .options import StateBackendOptions
+from .spark import plan
+from .spark.group_state import check_timeout_conf, run_group_function
+from .spark.processor import run_processor
+from .spark.runner import make_task
+from .spark.task import PTIME_COL, OperatorConfig, group_by_key
+from .spark.vector import KeyedColumnState, run_vector_function
+
+log = logging.getLogger("statebackend")
+
+_TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
+
+
+class RocksDBStateBackend:
+    """Keyed state in RocksDB, one instance per Spark partition, checkpointed to
+    ``checkpoint_location`` (any fsspec URL; a plain path is a local directory).
+
+    Parameters
+    ----------
+    checkpoint_location : str
+        Root of the durable checkpoints. Each operator gets a sub-directory named by its
+        ``operator_id``.
+    options : StateBackendOptions, optional
+        Tuning; defaults are read from the active session's ``spark.statebackend.*`` conf.
+    storage_options : dict, optional
+        Passed to fsspec (credentials, endpoint) for remote locations.
+    """
+
+    def __init__(self, checkpoint_location: str, options: StateBackendOptions | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        if not isinstance(checkpoint_location, str) or not checkpoint_location:
+            raise OptionsError("checkpoint_location", checkpoint_location,
+                               "checkpoint_location must be a non-empty path or fsspec URL")
+        self.checkpoint_location = checkpoint_location
+        self._explicit_options = options
+        self.storage_options = dict(storage_options or {})
+        self._coordinators: dict[str, Any] = {}
+        self._listener = None
+        self._lock = threading.Lock()
+
+    # --- pickling: only configuration ships to executors --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"checkpoint_location": self.checkpoint_location,
+                "_explicit_options": self._explicit_options,
+                "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._coordinators = {}
+        self._listener = None
+        self._lock = threading.Lock()
+
+    # --- options ------------------------------------------------------------------------
+
+    def options_for(self, spark: SparkSession) -> StateBackendOptions:
+        if self._explicit_options is not None:
+            opts = self._explicit_options
+            if opts.parallelism is None:
+                opts = opts.with_(parallelism=int(spark.conf.get("spark.sql.shuffle.partitions")))
+            return opts
+        conf = {k: v for k, v in spark.sparkContext.getConf().getAll()}
+        for key in ("spark.sql.shuffle.partitions",):
+            conf[key] = spark.conf.get(key)
+        return StateBackendOptions.from_spark_conf(conf)
+
+    # --- the swap-in calls --------------------------------------------------------------
+
+    def transform_with_state(self, grouped_data: GroupedData, statefulProcessor: StatefulProcessor,
+                             outputStructType: StructType | str, outputMode: str = "Update",
+                             timeMode: str = "None", initialState: GroupedData | None = None,
+                             eventTimeColumnName: str = "", *, operator_id: str | None = None,
+                             flavour: str = "pandas") -> DataFrame:
+        """Swap-in for ``grouped.transformWithStateInPandas`` (``flavour="pandas"``) and
+        ``grouped.transformWithState`` (``flavour="row"``), same arguments, same output."""
+        if not isinstance(statefulProcessor, StatefulProcessor):
+            raise TypeError("statefulProcessor must be a pyspark.sql.streaming.StatefulProcessor")
+        mode = _TIME_MODES.get(str(timeMode).lower())
+        if mode is None:
+            raise OptionsError("timeMode", timeMode, f"timeMode must be one of {list(_TIME_MODES.values())}")
+        if flavour not in ("pandas", "row"):
+            raise OptionsError("flavour", flavour, "flavour must be 'pandas' or 'row'")
+        _check_output_mode(outputMode)
+        df, keys = plan.grouping_columns(grouped_data)
+        op_id = operator_id or _default_operator_id(statefulProcessor)
+        config = self._config(df, keys, op_id)
+        as_rows = flavour == "row"
+        processor = statefulProcessor
+        initial_pdf_holder: dict[str, Any] = {}
+        if initialState is not None:
+            # first-batch initial state: collected once on the driver (it is small by nature)
+            init_df, init_keys = plan.grouping_columns(initialState)
+            initial_pdf_holder["pdf"] = init_df.toPandas()
+            initial_pdf_holder["keys"] = init_keys
+
+        def process(backend, groups, ctx, decode):
+            initial = None
+            if "pdf" in initial_pdf_holder and ctx.first:
+                initial = _initial_groups(initial_pdf_holder, config, ctx.partition)
+            return run_processor(processor, backend, groups, ctx, mode, decode,
+                                 as_rows=as_rows, initial=initial)
+
+        if as_rows:
+            names = _struct(df.sparkSession, outputStructType).fieldNames()
+            row_process = process
+
+            def process(backend, groups, ctx, decode):  # noqa: F811 - Rows -> one frame
+                import pandas as pd
+                rows = row_process(backend, groups, ctx, decode)
+                return [pd.DataFrame([tuple(r) for r in rows], columns=names)] if rows else []
+
+        return self._plan(df, config, process, outputStructType)
+
+    def apply_in_pandas_with_state(self, grouped_data: GroupedData, func: Callable,
+                                   outputStructType: StructType | str,
+                                   stateStructType: StructType | str, outputMode: str = "Update",
+                                   timeoutConf: str = "NoTimeout", *,
+                                   operator_id: str | None = None) -> DataFrame:
+        """Swap-in for ``grouped.applyInPandasWithState`` with the same arguments."""
+        _check_output_mode(outputMode)
+        timeout = check_timeout_conf(timeoutConf)
+        df, keys = plan.grouping_columns(grouped_data)
+        op_id = operator_id or _default_operator_id(func)
+        config = self._config(df, keys, op_id)
+        state_schema = _struct(df.sparkSession, stateStructType)
+
+        def process(backend, groups, ctx, decode):
+            return run_group_function(func, backend, groups, ctx, state_schema, timeout, decode)
+
+        return self._plan(df, config, process, outputStructType)
+
+    def map_in_pandas(self, df: DataFrame, key: str | list[str], func: Callable,
+                      schema: StructType | str, state_schema: StructType | str = "value BIGINT",
+                      *, operator_id: str | None = None) -> DataFrame:
+        """Run ``func(frames, state)`` over each partition's input with vectorised keyed
+        state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``."""
+        keys = [key] if isinstance(key, str) else list(key)
+        op_id = operator_id or _default_operator_id(func)
+        config = self._config(df, keys, op_id)
+
+        def process(backend, groups, ctx, decode):
+            state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
+                                     config.max_parallelism)
+            frames = iter([groups.frame]) if len(groups.frame) else iter([])
+            return run_vector_function(func, backend, frames, state)
+
+        return self._plan(df, config, process, schema)
+
+    # --- coordination -------------------------------------------------------------------
+
+    def coordinator(self, operator_id: str):
+        """The driver-side coordinator of one operator (created on first use)."""
+        from .coordinator import CheckpointCoordinator
+        from .storage import open_store
+
+        with self._lock:
+            coord = self._coordinators.get(operator_id)
+            if coord is None:
+                opts = self._explicit_options or StateBackendOptions()
+                store = open_store(self.checkpoint_location, storage_options=self.storage_options or None)
+                coord = CheckpointCoordinator(store.child(operator_id), operator_id,
+                                              num_retained=opts.num_retained)
+                self._coordinators[operator_id] = coord
+            return coord
+
+    def complete(self, operator_id: str | None = None) -> list:
+        """Complete every checkpoint whose partitions have all published (idempotent).
+
+        Streaming queries do this automatically after every micro-batch; batch jobs call it
+        after their action, or let the next run do it."""
+        done = []
+        for op in [operator_id] if operator_id else list(self._coordinators):
+            done.extend(self.coordinator(op).complete_pending())
+        return done
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _config(self, df: DataFrame, keys: list[str], operator_id: str) -> OperatorConfig:
+        check_component(operator_id)
+        spark = df.sparkSession
+        opts = self.options_for(spark)
+        coord = self.coordinator(operator_id)
+        coord.complete_pending()
+        epoch = None
+        if not df.isStreaming:
+            latest = coord.latest()
+            epoch = 0 if latest is None else latest.checkpoint_id + 1
+        parallelism = opts.parallelism
+        latest = coord.latest()
+        if latest is not None and latest.parallelism != parallelism:
+            log.warning("operator %s: state has parallelism %d, query asks for %d",
+                        operator_id, latest.parallelism, parallelism)
+        watermark = plan.watermark_of(df) if df.isStreaming else None
+        self._ensure_listener(spark)
+        return OperatorConfig(operator_id=operator_id,
+                              checkpoint_location=self.checkpoint_location,
+                              storage_options=self.storage_options, options=opts,
+                              parallelism=parallelism, key=plan.key_spec(df, keys), epoch=epoch,
+                              watermark=watermark)
+
+    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
+        placed = plan.place(df, list(config.key.columns), config.parallelism,
+                            config.max_parallelism)
+        # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
+        # logged by Spark, so retries see the same processing time)
+        placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
+        return placed.mapInPandas(make_task(config, process), schema)
+
+    def _ensure_listener(self, spark: SparkSession) -> None:
+        if self._listener is not None:
+            return
+        from .spark.listener import CompletionListener
+
+        self._listener = CompletionListener(self)
+        spark.streams.addListener(self._listener)
+
+
+def _check_output_mode(mode: str) -> None:
+    if str(mode).lower() not in ("update", "append", "complete"):
+        raise OptionsError("outputMode", mode, "outputMode must be 'Update', 'Append' or 'Complete'")
+
+
+def _default_operator_id(obj: Any) -> str:
+    name = type(obj).__name__ if not callable(obj) or isinstance(obj, StatefulProcessor) \
+        else getattr(obj, "__name__", type(obj).__name__)
+    return re.sub(r"[^A-Za-z0-9._=-]", "_", name) or "operator"
+
+
+def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    return spark.createDataFrame([], schema).schema
+
+
+def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
+    import numpy as np
+
+    from .keygroups import key_groups, partition_for_key_group
+
+    pdf = holder["pdf"]
+    keys = holder["keys"]
+    if not len(pdf):
+        return None
+    cols = [pdf[c].to_numpy() for c in keys]
+    kg = key_groups(cols, list(config.key.types), config.max_parallelism)
+    owner = partition_for_key_group(np.asarray(kg), config.parallelism, config.max_parallelism)
+    mask = np.asarray(owner) == partition
+    if not mask.any():
+        return None
+    sub = pdf[mask].rename(columns=dict(zip(keys, config.key.columns)))
+    return group_by_key(sub, config.key, np.asarray(kg)[mask])

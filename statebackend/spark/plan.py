@@ -1,0 +1,106 @@
+"""Driver-side planning: find the grouping columns, compute key groups in Spark SQL and
+route every key-group range to exactly the Spark partition that owns its state.
+
+The rows of partition ``i`` after ``repartition(P, route)`` are exactly the rows whose key
+group lies in ``key_group_range(i, P, maxP)``: the route column holds, for partition index
+``i``, an integer ``v_i`` with ``pmod(hash(v_i), P) == i`` (Spark's hash partitioner is
+Murmur3 with seed 42, the same function as SQL ``hash()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, GroupedData
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
+
+from ..errors import StateBackendError
+from ..keygroups import placement_values
+
+KG_COL = "__sb_kg"
+ROUTE_COL = "__sb_route"
+INTERNAL_COLUMNS = (KG_COL, ROUTE_COL)
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """The grouping columns of a stateful operator and their Spark type names."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+
+
+def grouping_columns(grouped: GroupedData | tuple[DataFrame, list[str]]) -> tuple[DataFrame, list[str]]:
+    """The DataFrame and grouping column names behind ``df.groupBy(...)``.
+
+    Accepts a :class:`pyspark.sql.GroupedData` (plain column names or column references)
+    or an explicit ``(df, [column, ...])`` pair.
+    """
+    if isinstance(grouped, tuple):
+        df, cols = grouped
+        return df, [c if isinstance(c, str) else str(c) for c in cols]
+    if not isinstance(grouped, GroupedData):
+        raise TypeError(f"expected df.groupBy(...) (GroupedData) or (df, [columns]), "
+                        f"got {type(grouped).__name__}")
+    df = grouped._df
+    names: list[str] = []
+    exprs = grouped._jgd.groupingExprs()
+    for i in range(exprs.size()):
+        expr = exprs.apply(i)
+        cls = expr.getClass().getSimpleName()
+        if cls in ("UnresolvedAttribute", "AttributeReference"):
+            names.append(expr.name())
+        else:
+            raise StateBackendError(
+                f"grouping by the expression {expr.sql()} is not supported: add it as a column "
+                f"first, e.g. df.withColumn('k', <expr>).groupBy('k')")
+    missing = [n for n in names if n not in df.columns]
+    if missing:
+        raise StateBackendError(f"grouping columns {missing} are not columns of the DataFrame "
+                                f"{df.columns}")
+    return df, names
+
+
+def spark_type_name(dt: DataType) -> str:
+    name = dt.simpleString()
+    return {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint"}.get(name, name)
+
+
+def key_spec(df: DataFrame, columns: list[str]) -> KeySpec:
+    fields = {f.name: f for f in df.schema.fields}
+    return KeySpec(tuple(columns), tuple(spark_type_name(fields[c].dataType) for c in columns))
+
+
+def route_column(parallelism: int, max_parallelism: int, key_columns: list[str]) -> tuple[Column, Column]:
+    """(key group column, route column) for ``repartition(parallelism, route)``."""
+    kg = F.pmod(F.hash(*[F.col(f"`{c}`") for c in key_columns]), F.lit(max_parallelism))
+    # partition index of a key group: floor(kg * P / maxP) (DESIGN.md section 2)
+    pid = F.floor(kg * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+    values = F.array(*[F.lit(v) for v in placement_values(parallelism)])
+    return kg.cast("int"), F.element_at(values, pid + 1)
+
+
+def place(df: DataFrame, key_columns: list[str], parallelism: int, max_parallelism: int) -> DataFrame:
+    """``df`` with the key-group column, repartitioned so partition i holds key-group range i."""
+    kg, route = route_column(parallelism, max_parallelism, key_columns)
+    return (df.withColumn(KG_COL, kg)
+              .withColumn(ROUTE_COL, route)
+              .repartition(parallelism, F.col(ROUTE_COL)))
+
+
+def watermark_of(df: DataFrame) -> tuple[str, int] | None:
+    """(event-time column, delay in ms) of the ``withWatermark`` upstream of ``df``, if any."""
+    plan = df._jdf.queryExecution().logical()
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if node.getClass().getSimpleName() == "EventTimeWatermark":
+            delay = node.delay()
+            days = delay.months * 31 + delay.days
+            delay_ms = days * 86_400_000 + delay.microseconds // 1000
+            return node.eventTime().name(), int(delay_ms)
+        children = node.children()
+        for i in range(children.size()):
+            stack.append(children.apply(i))
+    return None

@@ -1,0 +1,190 @@
+"""The function ``mapInPandas`` runs: restore, process, checkpoint, close, then output."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pandas as pd
+
+from ..checkpoint.manifest import (
+    CompletedCheckpoint,
+    PartitionManifest,
+    choose_manifest,
+    completed_record_path,
+)
+from ..errors import IncompatibleStateError
+from ..state.backend import KeyedStateBackend
+from ..storage import open_store
+from ..storage.manifests import list_published_manifests, read_manifest
+from .task import (
+    KG_COL,
+    PTIME_COL,
+    BatchContext,
+    OperatorConfig,
+    batch_processing_time,
+    decode_key,
+    group_by_key,
+    kg_range_of,
+    local_root,
+    read_input,
+    task_identity,
+)
+
+log = logging.getLogger("statebackend.runner")
+
+_STORES: dict[tuple, Any] = {}
+
+
+def operator_store(config: OperatorConfig):
+    """One store per (location, operator) per worker process: pools are reused across tasks."""
+    key = (config.checkpoint_location, config.operator_id,
+           tuple(sorted(config.storage_options.items())))
+    store = _STORES.get(key)
+    if store is None:
+        root = open_store(config.checkpoint_location,
+                          upload_threads=config.options.upload_threads,
+                          download_threads=config.options.download_threads,
+                          storage_options=config.storage_options or None)
+        store = _STORES[key] = root.child(config.operator_id)
+    return store
+
+
+def read_record(store, checkpoint_id: int) -> CompletedCheckpoint | None:
+    try:
+        data = store.get_bytes(completed_record_path(checkpoint_id))
+    except FileNotFoundError:
+        return None
+    return CompletedCheckpoint.from_json(data, where=completed_record_path(checkpoint_id))
+
+
+def resolve_base(store, partition: int, checkpoint_id: int) -> PartitionManifest | None:
+    """The manifest of ``partition`` committed for ``checkpoint_id`` (None: no state yet).
+
+    The coordinator's record names it once the checkpoint is complete; before that (the
+    listener runs after the batch ends), every reader applies the same deterministic rule
+    to the published attempts.
+    """
+    if checkpoint_id < 0:
+        return None
+    record = read_record(store, checkpoint_id)
+    if record is not None:
+        if partition not in record.manifests:
+            raise IncompatibleStateError(
+                f"checkpoint {checkpoint_id} has no partition {partition} "
+                f"(it was written with parallelism {record.parallelism})")
+        return read_manifest(store, record.manifests[partition])
+    published = list_published_manifests(store, checkpoint_id, partition)
+    if published:
+        return choose_manifest(published)
+    return None
+
+
+def check_continuity(store, checkpoint_id: int) -> None:
+    """Refuse to start from empty state when durable state of this operator exists: that
+    means Spark's checkpointLocation was reset or our state was removed; silently starting
+    over would lose committed state."""
+    try:
+        names = store.list_dir("_checkpoints")
+    except FileNotFoundError:
+        names = []
+    ids = sorted(int(n.rsplit("chk-", 1)[1].split(".")[0]) for n in names if "chk-" in n)
+    if ids:
+        raise IncompatibleStateError(
+            f"batch {checkpoint_id} expects state of batch {checkpoint_id - 1}, which does not "
+            f"exist, but completed checkpoints {ids[0]}..{ids[-1]} do: was the Spark "
+            f"checkpointLocation reset? Use a new state location for a new query, or restart "
+            f"the query from its original Spark checkpoint.")
+
+
+def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
+                  process: Callable[[KeyedStateBackend, Any, BatchContext, Iterator], list]
+                  ) -> Iterator[pd.DataFrame]:
+    """Run one task; ``process(backend, groups, ctx, frames)`` returns the output frames."""
+    from ..checkpoint.partition import PartitionCheckpointer
+
+    checkpoint_id, partition, attempt = task_identity(config)
+    t0 = time.perf_counter()
+    pdf = read_input(batches)
+    store = operator_store(config)
+    base = resolve_base(store, partition, checkpoint_id - 1)
+    if base is None and checkpoint_id > 0:
+        check_continuity(store, checkpoint_id)
+    if base is not None and base.max_parallelism != config.max_parallelism:
+        raise IncompatibleStateError(
+            f"state was written with max_parallelism={base.max_parallelism}, this query uses "
+            f"{config.max_parallelism}; it is fixed for the life of the state (write a "
+            f"savepoint with the old value and restore it with the new one to migrate)")
+    kg_range = kg_range_of(config, partition)
+    checkpointer = PartitionCheckpointer(store, config.operator_id, partition, config.options,
+                                         local_root(config.options))
+    instance, restore_metrics = checkpointer.restore(base)
+    try:
+        ptime = batch_processing_time(pdf)
+        max_et = base.metrics.get("max_event_time_ms") if base is not None else None
+        wm = -1
+        if config.watermark is not None:
+            wm = watermark_for(store, config, checkpoint_id - 1, base)
+            col = config.watermark[0]
+            if pdf is not None and col in pdf.columns and len(pdf):
+                batch_max = int(pd.to_datetime(pdf[col]).max().value // 1_000_000)
+                max_et = batch_max if max_et is None else max(int(max_et), batch_max)
+        ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=base is None)
+        backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
+                                    clock=lambda: ptime)
+        if pdf is not None:
+            kg = pdf[KG_COL].to_numpy()
+            pdf = pdf.drop(columns=[PTIME_COL], errors="ignore")
+            groups = group_by_key(pdf, config.key, kg)
+        else:
+            groups = group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key, [])
+        out = process(backend, groups, ctx, lambda k: decode_key(k, config.key))
+        backend.purge_expired()
+        backend.flush()
+        metrics = {"restore": _as_dict(restore_metrics), "rows": 0 if pdf is None else len(pdf),
+                   "keys": len(groups), "processing_time_ms": ptime}
+        if max_et is not None:
+            metrics["max_event_time_ms"] = int(max_et)
+        checkpointer.checkpoint(instance, checkpoint_id, attempt, base, kg_range,
+                                backend.descriptors(), extra_metrics=metrics)
+    finally:
+        instance.close()
+    log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
+              time.perf_counter() - t0)
+    if out:
+        yield pd.concat(out, ignore_index=True) if len(out) > 1 else out[0]
+
+
+def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None) -> int:
+    """The event-time watermark of this batch: max event time of all earlier batches over
+    all partitions, minus the delay (0 before any event, as Spark's first batch)."""
+    if prev_id < 0:
+        return 0
+    latest = None
+    for p in range(config.parallelism):
+        m = own if (own is not None and p == own.partition) else resolve_base(store, p, prev_id)
+        v = None if m is None else m.metrics.get("max_event_time_ms")
+        if v is not None:
+            latest = int(v) if latest is None else max(latest, int(v))
+    if latest is None:
+        return 0
+    return max(0, latest - config.watermark[1])
+
+
+def _as_dict(obj: Any) -> dict:
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+        return asdict(obj)
+    return {"value": str(obj)}
+
+
+def make_task(config: OperatorConfig, process) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    def task(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        yield from run_partition(config, batches, process)
+    return task
