@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -260,7 +261,7 @@ def _normalise(name: str, value: Any, spec: _Spec) -> Any:
 # --- the options object -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StateBackendOptions:
     """Every setting of the state backend, validated at construction.
 
@@ -597,6 +598,23 @@ class StateBackendOptions:
             return os.path.abspath(os.path.expanduser(self.local_dir))
         suffix = f"-{os.getuid()}" if hasattr(os, "getuid") else ""
         return os.path.join(tempfile.gettempdir(), "statebackend" + suffix)
+
+
+_dataclass_init = StateBackendOptions.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _checked_init(self: StateBackendOptions, **kwargs: Any) -> None:
+    # The generated __init__ would raise a bare TypeError for a misspelled keyword; ours
+    # names the key and suggests the closest option, like every other entry point.
+    names = StateBackendOptions.field_names()
+    for key, value in kwargs.items():
+        if key not in names:
+            raise _unknown(key, value, list(names))
+    _dataclass_init(self, **kwargs)
+
+
+StateBackendOptions.__init__ = _checked_init  # type: ignore[method-assign]
 
 
 # --- helpers ------------------------------------------------------------------------------
