@@ -1,0 +1,699 @@
+"""The checkpoint coordinator: completes checkpoints, applies retention, deletes files.
+
+It runs on the driver, one per stateful operator, around the pure
+:class:`~statebackend.coordinator.registry.SharedStateRegistry`. Everything durable it reads
+or writes lives under ``<store root>/<operator_id>/``::
+
+    chk-<n>/p<p>/<attempt>/...          uploads and manifests (written by tasks)
+    _checkpoints/chk-<n>.json           completed-checkpoint records (written here)
+    _pins/chk-<n>                       pin markers (written here)
+    _gc/swept.json                      sweep watermark (written here)
+
+Safety argument (invariants 4-6)
+--------------------------------
+*What can reference a file.* A completed record references the files of its chosen
+manifests. A task of checkpoint ``m`` restores from checkpoint ``m - 1``: from its record,
+or, before that record exists, from any published attempt of ``m - 1``; its manifest then
+lists files of that base manifest plus its own uploads (a manifest lists *all* its files,
+not a delta). So when ``L`` is the latest completed checkpoint, every file an in-flight
+checkpoint can still reference is (a) referenced by a retained record, (b) listed by a
+published manifest of ``L`` (any attempt: the *protected* set), or (c) under ``chk-<m>/``
+for some ``m > L``.
+
+*What is deleted.* Only files that are none of (a), (b), (c):
+
+1. files of subsumed checkpoints that no retained record references and are not
+   protected: enumerated from the subsumed record, so no listing is needed;
+2. files found by bounded *sweeps* of ``chk-<k>/`` for ``W <= k < L`` (one listing per
+   checkpoint id): failed attempts, attempts that died before publishing, aborted and
+   skipped checkpoints. ``W``, the sweep watermark, moves past ``k`` only once ``chk-<k>/``
+   holds nothing but files retained records reference, and is persisted, so each
+   directory is swept a bounded number of times and no step lists the whole store.
+
+*Crash safety: recomputation, not a pending-deletions log.* The record of checkpoint ``n``
+is written (atomically) before anything that depends on it. A subsumed checkpoint's
+record is deleted only after all of its unreferenced files are gone (data files first,
+then its manifests, then the record), and the watermark is persisted only after its
+sweeps. Hence after a crash at any step, the records still present, the pins and ``W``
+say exactly what is left to do: :meth:`CheckpointCoordinator.rebuild` derives the registry
+from them and runs the same idempotent collection again. A file protected only by (b)
+keeps its subsumed record (or holds ``W`` back) until the protection ends, so it is never
+forgotten.
+
+*Late attempts.* An attempt that publishes after its checkpoint completed is never chosen
+by the coordinator. Before writing a record, :meth:`CheckpointCoordinator.try_complete`
+verifies that every file of every chosen manifest exists, so a manifest that referenced a
+file already deleted (a task that restored from a straggler) is rejected as a failed
+attempt rather than recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..checkpoint.manifest import (
+    CHECKPOINTS_DIR,
+    MANIFEST_NAME,
+    CompletedCheckpoint,
+    PartitionManifest,
+    check_component,
+    checkpoint_dir,
+    choose_manifest,
+    completed_record_path,
+)
+from ..errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptStateError,
+    IncompatibleStateError,
+    UnsafePathError,
+)
+from ..storage.base import DurableStore
+from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
+
+__all__ = [
+    "CheckpointCoordinator",
+    "CheckpointInfo",
+    "GcReport",
+    "RestorePoint",
+    "key_group_range",
+    "read_latest_record",
+]
+
+log = logging.getLogger(__name__)
+
+PINS_DIR = "_pins"
+GC_DIR = "_gc"
+WATERMARK_PATH = f"{GC_DIR}/swept.json"
+
+_RECORD_NAME = re.compile(r"^chk-(\d+)\.json$")
+_PIN_NAME = re.compile(r"^chk-(\d+)$")
+
+
+def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
+    """Inclusive key-group range ``[start, end]`` owned by ``partition`` of ``parallelism``."""
+    start = -(-partition * max_parallelism // parallelism)
+    end = -(-(partition + 1) * max_parallelism // parallelism) - 1
+    return start, end
+
+
+def _records_in(names: Iterable[str]) -> dict[int, str]:
+    out = {}
+    for rel in names:
+        m = _RECORD_NAME.match(rel.rsplit("/", 1)[-1])
+        if m and rel == completed_record_path(int(m.group(1))):
+            out[int(m.group(1))] = rel
+    return out
+
+
+def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
+    """The newest completed-checkpoint record of an operator, or None (for restoring tasks).
+
+    Lists only the operator's ``_checkpoints/`` directory, which holds the retained
+    records plus at most a few being discarded.
+    """
+    prefix = f"{check_component(operator_id)}/"
+    names = [p[len(prefix):] for p in store.list_dir(prefix + CHECKPOINTS_DIR)]
+    for _n, rel in sorted(_records_in(names).items(), reverse=True):
+        try:
+            return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
+        except FileNotFoundError:
+            continue  # discarded between the listing and the read; an older one is newer now
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One restore point, as :meth:`CheckpointCoordinator.list_completed` shows it."""
+
+    checkpoint_id: int
+    parallelism: int
+    full_size: int
+    incremental_size: int
+    created_at_ms: int
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """A retained checkpoint and its chosen manifests, ready for restore tasks."""
+
+    record: CompletedCheckpoint
+    manifests: Mapping[int, PartitionManifest]
+
+
+@dataclass
+class GcReport:
+    """What one :meth:`CheckpointCoordinator.collect_garbage` run did."""
+
+    deleted: list[str] = field(default_factory=list)
+    forgotten: list[int] = field(default_factory=list)
+    swept: list[int] = field(default_factory=list)
+    watermark: int | None = None
+
+
+class CheckpointCoordinator:
+    """Driver-side completion, retention and garbage collection of one operator's checkpoints.
+
+    Parameters
+    ----------
+    store : DurableStore
+        Rooted at the backend root; this operator's files live under ``operator_id/``.
+    operator_id : str
+        The operator's directory name.
+    parallelism, max_parallelism : int
+        Partitions of the checkpoints completed from now on, and key groups (fixed).
+    num_retained : int
+        Completed checkpoints kept (pinned ones come on top). At least 1.
+    background_gc : bool
+        When True, deletions run on one background thread after each completion instead
+        of inside :meth:`try_complete`; :meth:`close` waits for them.
+    clock : callable
+        Seconds since the epoch, for record times (tests pass a fake one).
+    rebuild : bool
+        Rebuild the registry from durable records now (the normal case; tests turn it off
+        to inspect a half-done state).
+
+    Notes
+    -----
+    Methods are thread-safe: one lock serialises completion, pins and each bounded step
+    of garbage collection, so a file is never judged unreferenced while a completion that
+    references it is being verified.
+    """
+
+    def __init__(self, store: DurableStore, operator_id: str, parallelism: int,
+                 max_parallelism: int, num_retained: int = 3, *, background_gc: bool = False,
+                 clock: Callable[[], float] = time.time, rebuild: bool = True) -> None:
+        if parallelism < 1 or max_parallelism < parallelism:
+            raise IncompatibleStateError(
+                f"need 1 <= parallelism <= max_parallelism, got parallelism={parallelism}, "
+                f"max_parallelism={max_parallelism}")
+        self.store = store
+        self.operator_id = check_component(operator_id)
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.num_retained = num_retained
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._registry = SharedStateRegistry(num_retained)
+        self._watermark: int | None = None
+        # Published manifests read so far, by checkpoint id then path: the protected set
+        # is made from those of the latest checkpoint, so they are not read twice.
+        self._published: dict[int, dict[str, PartitionManifest]] = {}
+        self._pool: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gc-{operator_id}")
+            if background_gc else None)
+        self._gc_future: Future[GcReport] | None = None
+        self._gc_again = False
+        if rebuild:
+            self.rebuild()
+
+    # --- paths ------------------------------------------------------------------------
+
+    def _abs(self, rel: str) -> str:
+        return f"{self.operator_id}/{rel}"
+
+    def _list(self, rel_dir: str) -> list[str]:
+        prefix = f"{self.operator_id}/"
+        return [p[len(prefix):] for p in self.store.list_dir(self._abs(rel_dir))
+                if p.startswith(prefix)]
+
+    def _delete(self, rels: Iterable[str]) -> list[str]:
+        rels = sorted(set(rels))
+        if rels:
+            self.store.delete([self._abs(r) for r in rels])
+        return rels
+
+    # --- registry access ----------------------------------------------------------------
+
+    @property
+    def registry(self) -> SharedStateRegistry:
+        """The current registry (an immutable value)."""
+        return self._registry
+
+    @property
+    def watermark(self) -> int | None:
+        """Every ``chk-<k>/`` with ``k`` below it has been swept."""
+        return self._watermark
+
+    # --- completion ---------------------------------------------------------------------
+
+    def try_complete(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """Complete checkpoint ``checkpoint_id`` if every partition has published it.
+
+        Lists only the partition directories ``chk-<n>/p<p>/``, chooses one valid
+        manifest per partition with :func:`~statebackend.checkpoint.manifest.choose_manifest`
+        (an attempt is valid when its manifest parses, describes this operator, partition,
+        checkpoint and key groups, and every file it references exists), writes the record
+        atomically, registers it and applies retention.
+
+        Parameters
+        ----------
+        checkpoint_id : int
+            The checkpoint (micro-batch) id.
+
+        Returns
+        -------
+        CompletedCheckpoint or None
+            The record (also when it was already complete), or None when some partition has
+            no valid published attempt yet, or a newer checkpoint already completed.
+
+        Raises
+        ------
+        IncompatibleStateError
+            A manifest was written for another ``max_parallelism`` or key-group range.
+        StorageError
+            Durable storage failed; nothing was recorded, so calling again is safe.
+        """
+        with self._lock:
+            reg = self._registry
+            if checkpoint_id in reg.checkpoints:
+                return reg.checkpoints[checkpoint_id].record
+            latest = reg.latest_id
+            if latest is not None and checkpoint_id < latest:
+                log.info("checkpoint %d of %s is older than the latest completed %d; its "
+                         "files will be swept", checkpoint_id, self.operator_id, latest)
+                return None
+            chosen: dict[int, PartitionManifest] = {}
+            for p in range(self.parallelism):
+                m = self._choose(checkpoint_id, p)
+                if m is None:
+                    return None
+                chosen[p] = m
+            ms = list(chosen.values())
+            record = CompletedCheckpoint(
+                operator_id=self.operator_id, checkpoint_id=checkpoint_id,
+                parallelism=self.parallelism, max_parallelism=self.max_parallelism,
+                manifests={p: m.path for p, m in chosen.items()},
+                full_size=sum(m.full_size for m in ms),
+                incremental_size=sum(m.incremental_size for m in ms),
+                created_at_ms=int(self._clock() * 1000))
+            # The commit point: once the record is durable the checkpoint is complete, and
+            # a crash from here on is finished by rebuild() from this record.
+            self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
+            self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
+            for n in [n for n in self._published if n < checkpoint_id]:
+                del self._published[n]
+        self._after_change()
+        return record
+
+    def _choose(self, checkpoint_id: int, partition: int) -> PartitionManifest | None:
+        d = f"{checkpoint_dir(checkpoint_id)}/p{partition}"
+        listing = set(self._list(d))
+        valid = []
+        for rel in sorted(listing):
+            parts = rel.split("/")
+            if len(parts) != 4 or parts[3] != MANIFEST_NAME:
+                continue
+            m = self._read_published(checkpoint_id, rel)
+            if m is None:
+                continue
+            self._check_compatible(m, partition)
+            missing = self._missing_files(m, listing)
+            if missing:
+                log.warning("attempt %s of checkpoint %d partition %d references missing "
+                            "files %s; treating it as failed", m.attempt, checkpoint_id,
+                            partition, missing[:5])
+                continue
+            valid.append(m)
+        return choose_manifest(valid) if valid else None
+
+    def _read_published(self, checkpoint_id: int, rel: str) -> PartitionManifest | None:
+        cache = self._published.setdefault(checkpoint_id, {})
+        if rel in cache:
+            return cache[rel]
+        try:
+            raw = self.store.get_bytes(self._abs(rel))
+            m = PartitionManifest.from_json(raw, where=rel)
+        except FileNotFoundError:
+            return None  # deleted (aborted) between the listing and the read
+        except (CorruptStateError, UnsafePathError) as exc:
+            log.warning("ignoring unreadable manifest %s: %s", rel, exc)
+            return None
+        if m.path != rel or m.operator_id != self.operator_id:
+            log.warning("ignoring manifest at %s: it describes operator %r path %s",
+                        rel, m.operator_id, m.path)
+            return None
+        cache[rel] = m
+        return m
+
+    def _check_compatible(self, m: PartitionManifest, partition: int) -> None:
+        want = key_group_range(partition, self.parallelism, self.max_parallelism)
+        got = (m.key_group_start, m.key_group_end)
+        if m.max_parallelism != self.max_parallelism or got != want:
+            raise IncompatibleStateError(
+                f"{m.path}: manifest covers key groups {got} of max_parallelism "
+                f"{m.max_parallelism}, expected {want} of {self.max_parallelism} for partition "
+                f"{partition} of {self.parallelism}; configure the coordinator with the "
+                f"query's parallelism and max_parallelism")
+
+    def _missing_files(self, m: PartitionManifest, listing: set[str]) -> list[str]:
+        missing = []
+        for f in m.files:
+            if f.path in listing or self._registry.is_referenced(f.path):
+                continue  # listed just now, or kept alive by a retained record
+            # A file from outside this partition directory that no retained record holds:
+            # reused from a non-chosen attempt of the base. Rare, so one HEAD each.
+            if self.store.size(self._abs(f.path)) != f.size:
+                missing.append(f.path)
+        return missing
+
+    # --- restore points -----------------------------------------------------------------
+
+    def latest(self) -> CompletedCheckpoint | None:
+        """The newest completed checkpoint's record, or None when there is none."""
+        with self._lock:
+            n = self._registry.latest_id
+            return None if n is None else self._registry.checkpoints[n].record
+
+    def list_completed(self) -> list[CheckpointInfo]:
+        """The retained checkpoints (restore points), oldest first, with sizes and times."""
+        with self._lock:
+            reg = self._registry
+            return [CheckpointInfo(n, r.parallelism, r.full_size, r.incremental_size,
+                                   r.created_at_ms, n in reg.pins)
+                    for n in reg.retained_ids()
+                    for r in [reg.checkpoints[n].record]]
+
+    def get(self, checkpoint_id: int) -> CompletedCheckpoint:
+        """The record of a retained checkpoint.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            The checkpoint is not complete, or no longer retained.
+        """
+        with self._lock:
+            reg = self._registry
+            if checkpoint_id not in reg.retained_ids():
+                raise CheckpointNotFoundError(
+                    f"checkpoint {checkpoint_id} of {self.operator_id} is not a retained "
+                    f"completed checkpoint; retained: {reg.retained_ids()}")
+            return reg.checkpoints[checkpoint_id].record
+
+    def restore(self, checkpoint_id: int | None = None, *, verify: bool = True) -> RestorePoint:
+        """Read a retained checkpoint's chosen manifests (the latest one by default).
+
+        To continue a query from a checkpoint older than the latest, :meth:`pin` it first
+        so retention keeps it until a checkpoint built on it completes.
+
+        Parameters
+        ----------
+        checkpoint_id : int, optional
+            Defaults to the latest completed checkpoint.
+        verify : bool
+            Also check that every referenced file exists with its recorded size.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            No such retained checkpoint.
+        CorruptStateError
+            A manifest or file is missing or has the wrong size.
+        """
+        if checkpoint_id is None:
+            rec = self.latest()
+            if rec is None:
+                raise CheckpointNotFoundError(f"operator {self.operator_id} has no completed "
+                                              f"checkpoint")
+        else:
+            rec = self.get(checkpoint_id)
+        manifests = {}
+        for p, rel in sorted(rec.manifests.items()):
+            try:
+                m = PartitionManifest.from_json(self.store.get_bytes(self._abs(rel)), where=rel)
+            except FileNotFoundError as exc:
+                raise CorruptStateError(f"checkpoint {rec.checkpoint_id}: manifest {rel} of "
+                                        f"partition {p} is missing", path=rel, partition=p,
+                                        checkpoint_id=rec.checkpoint_id) from exc
+            if verify:
+                for f in m.files:
+                    got = self.store.size(self._abs(f.path))
+                    if got != f.size:
+                        raise CorruptStateError(
+                            f"checkpoint {rec.checkpoint_id} partition {p}: file {f.path} "
+                            f"should have {f.size} bytes, found "
+                            f"{'none' if got is None else got}", path=f.path, partition=p,
+                            checkpoint_id=rec.checkpoint_id)
+            manifests[p] = m
+        return RestorePoint(rec, manifests)
+
+    def pin(self, checkpoint_id: int) -> None:
+        """Keep a retained checkpoint (and its files) until :meth:`unpin`; survives restarts."""
+        with self._lock:
+            new = self._registry.pin(checkpoint_id)  # validates before anything is written
+            self.store.put_bytes_atomic(self._abs(f"{PINS_DIR}/chk-{checkpoint_id}"), b"")
+            self._registry = new
+
+    def unpin(self, checkpoint_id: int) -> None:
+        """Let retention drop a pinned checkpoint again (no-op when it is not pinned)."""
+        with self._lock:
+            # Marker first: a crash after it leaves the checkpoint unpinned, which only
+            # makes it eligible for deletion sooner, as the caller asked.
+            self.store.delete([self._abs(f"{PINS_DIR}/chk-{checkpoint_id}")])
+            self._registry = self._registry.unpin(checkpoint_id)
+        self._after_change()
+
+    def abort(self, checkpoint_id: int) -> list[str]:
+        """Give up on the attempts of an uncompleted checkpoint published so far.
+
+        Deletes the files under ``chk-<n>/`` that nothing retained or protected references
+        (manifests first, so a half-done abort never leaves a manifest whose files are
+        gone). Call it when no task of the checkpoint is running; a re-run of the same
+        micro-batch may publish new attempts and complete the checkpoint later, and
+        anything an attempt still running writes is swept once a newer checkpoint
+        completes.
+
+        Returns
+        -------
+        list of str
+            Deleted paths (relative to the operator root).
+
+        Raises
+        ------
+        CheckpointError
+            The checkpoint is already complete.
+        """
+        with self._lock:
+            if checkpoint_id in self._registry.checkpoints:
+                raise CheckpointError(f"checkpoint {checkpoint_id} of {self.operator_id} is "
+                                      f"complete and cannot be aborted; unpin it or let "
+                                      f"retention drop it instead")
+            protected = self._protected()
+            listing = self._list(checkpoint_dir(checkpoint_id))
+            doomed = [p for p in listing if not self._registry.is_referenced(p)
+                      and p not in protected]
+            deleted = self._delete(p for p in doomed if p.endswith("/" + MANIFEST_NAME))
+            deleted += self._delete(p for p in doomed if not p.endswith("/" + MANIFEST_NAME))
+            self._published.pop(checkpoint_id, None)
+            return deleted
+
+    # --- garbage collection -------------------------------------------------------------
+
+    def _protected(self) -> frozenset[str]:
+        """Files of every published attempt of the latest checkpoint (see module notes)."""
+        latest = self._registry.latest_id
+        if latest is None:
+            return frozenset()
+        for rel in self._list(checkpoint_dir(latest)):
+            parts = rel.split("/")
+            if len(parts) == 4 and parts[3] == MANIFEST_NAME:
+                self._read_published(latest, rel)
+        return referenced_paths(self._published.get(latest, {}).values())
+
+    def collect_garbage(self) -> GcReport:
+        """Delete what no retained checkpoint and no in-flight checkpoint can reference.
+
+        Idempotent and resumable: each step is bounded (one checkpoint's files, or one
+        listing of one ``chk-<k>/`` directory) and holds the coordinator's lock only for
+        that step.
+
+        Returns
+        -------
+        GcReport
+        """
+        report = GcReport()
+        with self._lock:
+            latest = self._registry.latest_id
+            if latest is None:
+                return report
+            protected = self._protected()
+            start = self._watermark
+            if start is None:
+                start = min(self._registry.checkpoints)
+        # Sweeps first: they move the watermark, and a crash before it is persisted only
+        # repeats them.
+        w = start
+        for k in range(start, latest):
+            with self._lock:
+                reg = self._registry
+                # Manifests of known subsumed checkpoints stay until their checkpoint is
+                # forgotten: a rebuild needs them to find that checkpoint's files.
+                kept = protected | {p for c in reg.subsumed_ids()
+                                    for p in reg.checkpoints[c].record.manifests.values()}
+                listing = self._list(checkpoint_dir(k))
+                doomed = [p for p in listing if not reg.is_referenced(p) and p not in kept]
+                report.deleted += self._delete(doomed)
+                report.swept.append(k)
+                # Files only an attempt of the latest checkpoint references may become
+                # garbage later; keep this directory in the next sweep until then.
+                if any(p in protected and not reg.is_referenced(p) for p in listing):
+                    break
+                w = k + 1
+        with self._lock:
+            if w != self._watermark:
+                self.store.put_bytes_atomic(self._abs(WATERMARK_PATH),
+                                            json.dumps({"swept_below": w}).encode())
+                self._watermark = w
+            report.watermark = self._watermark
+            subsumed = self._registry.subsumed_ids()
+        for c in subsumed:
+            with self._lock:
+                reg = self._registry
+                if c not in reg.subsumed_ids():
+                    continue
+                cp = reg.checkpoints[c]
+                manifests = set(cp.record.manifests.values())
+                free = reg.unreferenced_paths(c)
+                blocked = free & protected
+                report.deleted += self._delete(free - blocked - manifests)
+                if blocked:
+                    # Keep the manifests and the record: they are how a rebuild finds the
+                    # blocked files once the latest checkpoint's attempts stop using them.
+                    continue
+                report.deleted += self._delete(free & manifests)
+                self._delete([cp.record.path, f"{PINS_DIR}/chk-{c}"])
+                self._registry = reg.forget(c)
+                report.forgotten.append(c)
+        return report
+
+    def _after_change(self) -> None:
+        if self._pool is None:
+            self.collect_garbage()
+            return
+        with self._lock:
+            if self._gc_future is not None and not self._gc_future.done():
+                self._gc_again = True  # one more run after the current one, not one each
+                return
+            self._gc_future = self._pool.submit(self._background_gc)
+
+    def _background_gc(self) -> GcReport:
+        while True:
+            try:
+                report = self.collect_garbage()
+            except Exception:  # noqa: BLE001 - the next completion retries it
+                log.exception("background garbage collection of %s failed; it will be "
+                              "retried after the next completion", self.operator_id)
+                report = GcReport()
+            with self._lock:
+                if not self._gc_again:
+                    return report
+                self._gc_again = False
+
+    def wait_for_gc(self) -> None:
+        """Block until background garbage collection is idle (no-op without it)."""
+        while True:
+            with self._lock:
+                fut = self._gc_future
+            if fut is None:
+                return
+            fut.result()
+            with self._lock:
+                if self._gc_future is fut and fut.done():
+                    return
+
+    # --- rebuild ------------------------------------------------------------------------
+
+    def rebuild(self) -> SharedStateRegistry:
+        """Derive the registry from the durable records and pins, then finish pending work.
+
+        Reads ``_checkpoints/`` (the records), ``_pins/`` and the sweep watermark, and the
+        manifests the records name. A record written but not applied before a crash is
+        applied; deletions a crash interrupted are recomputed and run (in the background
+        with ``background_gc``).
+
+        Returns
+        -------
+        SharedStateRegistry
+
+        Raises
+        ------
+        CorruptStateError
+            A record is unreadable, or a retained checkpoint's manifest is missing.
+        """
+        with self._lock:
+            records = {}
+            for n, rel in _records_in(self._list(CHECKPOINTS_DIR)).items():
+                records[n] = CompletedCheckpoint.from_json(self.store.get_bytes(self._abs(rel)),
+                                                           where=rel)
+            pins = set()
+            for rel in self._list(PINS_DIR):
+                m = _PIN_NAME.match(rel.rsplit("/", 1)[-1])
+                if m and int(m.group(1)) in records:
+                    pins.add(int(m.group(1)))
+                else:
+                    self._delete([rel])  # stale: its checkpoint is gone
+            # Retention depends only on ids and pins, so it is known before any manifest
+            # is read; subsumed checkpoints may have lost manifests to a half-done deletion.
+            probe = SharedStateRegistry.rebuild(
+                self.num_retained,
+                [RegisteredCheckpoint(r, frozenset()) for r in records.values()], pins)
+            retained = set(probe.retained_ids())
+            cps = [self._load(r, must_exist=r.checkpoint_id in retained)
+                   for r in records.values()]
+            self._registry = SharedStateRegistry.rebuild(self.num_retained, cps, pins)
+            try:
+                raw = self.store.get_bytes(self._abs(WATERMARK_PATH))
+                self._watermark = int(json.loads(raw)["swept_below"])
+            except FileNotFoundError:
+                self._watermark = None
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptStateError(f"{WATERMARK_PATH} is malformed ({exc}); delete it "
+                                        f"to sweep again from the oldest record",
+                                        path=WATERMARK_PATH) from exc
+            self._published.clear()
+            reg = self._registry
+        if records:
+            self._after_change()
+        return reg
+
+    def _load(self, record: CompletedCheckpoint, *, must_exist: bool) -> RegisteredCheckpoint:
+        manifests = []
+        for p, rel in sorted(record.manifests.items()):
+            try:
+                manifests.append(PartitionManifest.from_json(
+                    self.store.get_bytes(self._abs(rel)), where=rel))
+            except FileNotFoundError as exc:
+                if must_exist:
+                    raise CorruptStateError(
+                        f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "
+                        f"partition {p} is missing; restore from another retained checkpoint",
+                        checkpoint_id=record.checkpoint_id, partition=p, path=rel) from exc
+                # A subsumed checkpoint loses its manifests only after all its other
+                # unreferenced files are deleted, so nothing is lost by not reading them.
+        if must_exist:
+            return RegisteredCheckpoint.of(record, manifests)
+        return RegisteredCheckpoint(
+            record, referenced_paths(manifests) | frozenset(record.manifests.values()))
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for background garbage collection and stop its thread."""
+        if self._pool is not None:
+            self.wait_for_gc()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> CheckpointCoordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

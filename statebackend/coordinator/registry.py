@@ -1,0 +1,229 @@
+"""The shared-state registry: a pure model of which durable files completed checkpoints use.
+
+No IO happens here. :class:`SharedStateRegistry` is an immutable value; every change
+(register a completed checkpoint, pin, unpin, forget a discarded one) returns a new value.
+:mod:`statebackend.coordinator.coordinator` reads and writes durable storage around it.
+
+Reference representation
+------------------------
+One entry per durable file, keyed by its physical path (relative to the operator root),
+holding the *set of retained checkpoint ids* whose chosen manifests reference it. The
+reference count is the size of that set. A set rather than a bare counter because:
+
+- registering the same completed checkpoint twice (a crash between writing its record and
+  applying it, then a rebuild) cannot count it twice: the operation is idempotent;
+- subsuming a checkpoint removes exactly the references it added, whatever the order;
+- the whole value is a fold over the completed-checkpoint records, so it can be rebuilt
+  from them alone after a driver restart (invariant 6) and compared for equality in tests.
+
+Retention
+---------
+Every completed checkpoint whose record is still in durable storage is *known*. It is
+*retained* when it is among the ``num_retained`` newest known checkpoints or pinned;
+otherwise it is *subsumed*: its references no longer count, and it stays known only until
+its unreferenced files are deleted (then the coordinator deletes its record and calls
+:meth:`SharedStateRegistry.forget`). Retention is derived, never stored, so a rebuild gets
+the same answer. A subsumed checkpoint never comes back: :meth:`SharedStateRegistry.pin`
+refuses it, and a newer checkpoint can only push it further down.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest
+from ..errors import CheckpointNotFoundError
+
+__all__ = [
+    "Retention",
+    "RegisteredCheckpoint",
+    "SharedStateRegistry",
+    "referenced_paths",
+]
+
+
+class Retention(enum.Enum):
+    """Where a known completed checkpoint stands.
+
+    ``RETAINED`` -> ``SUBSUMED`` (pushed out by newer checkpoints, or unpinned) ->
+    forgotten (its files are gone and its record deleted). Pinning keeps a checkpoint
+    ``RETAINED``; no transition leads back from ``SUBSUMED``.
+    """
+
+    RETAINED = "retained"
+    SUBSUMED = "subsumed"
+
+
+def referenced_paths(manifests: Iterable[PartitionManifest]) -> frozenset[str]:
+    """Every durable path a set of partition manifests needs: their files and themselves."""
+    out: set[str] = set()
+    for m in manifests:
+        out.add(m.path)
+        out.update(f.path for f in m.files)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class RegisteredCheckpoint:
+    """A completed checkpoint as the registry sees it: its record and every path it uses.
+
+    Attributes
+    ----------
+    record : CompletedCheckpoint
+        The durable record (``_checkpoints/chk-<n>.json``).
+    paths : frozenset of str
+        Paths (relative to the operator root) of every file of its chosen manifests and of
+        the manifests themselves.
+    """
+
+    record: CompletedCheckpoint
+    paths: frozenset[str]
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.record.checkpoint_id
+
+    @classmethod
+    def of(cls, record: CompletedCheckpoint,
+           manifests: Iterable[PartitionManifest]) -> RegisteredCheckpoint:
+        """Build from a record and its chosen manifests (which must be the ones it names)."""
+        ms = list(manifests)
+        named = {m.partition: m.path for m in ms}
+        if named != dict(record.manifests):
+            raise ValueError(f"checkpoint {record.checkpoint_id}: manifests {named} are not "
+                             f"the ones its record names {dict(record.manifests)}")
+        return cls(record, referenced_paths(ms))
+
+
+def _frozen(d: dict[str, frozenset[int]]) -> Mapping[str, frozenset[int]]:
+    return MappingProxyType(d)
+
+
+@dataclass(frozen=True)
+class SharedStateRegistry:
+    """Which completed checkpoints are known, which are retained, and who uses each file.
+
+    Build an empty one with ``SharedStateRegistry(num_retained)`` and change it with the
+    methods below, each returning a new registry.
+
+    Attributes
+    ----------
+    num_retained : int
+        How many of the newest completed checkpoints are retained (pins come on top).
+    checkpoints : Mapping[int, RegisteredCheckpoint]
+        Every known completed checkpoint (retained or subsumed), by id.
+    pins : frozenset of int
+        Pinned checkpoint ids (always retained while known).
+    refs : Mapping[str, frozenset[int]]
+        Path -> ids of the *retained* checkpoints referencing it. Paths with no retained
+        reference have no entry.
+    """
+
+    num_retained: int
+    checkpoints: Mapping[int, RegisteredCheckpoint] = field(
+        default_factory=lambda: MappingProxyType({}))
+    pins: frozenset[int] = frozenset()
+    refs: Mapping[str, frozenset[int]] = field(default_factory=lambda: _frozen({}))
+
+    def __post_init__(self) -> None:
+        if self.num_retained < 1:
+            raise ValueError(f"num_retained must be >= 1 (the latest checkpoint is always "
+                             f"kept), got {self.num_retained}")
+
+    # --- derived ----------------------------------------------------------------------
+
+    @property
+    def latest_id(self) -> int | None:
+        """Id of the newest known completed checkpoint (always retained), or None."""
+        return max(self.checkpoints) if self.checkpoints else None
+
+    def retained_ids(self) -> list[int]:
+        """Ids of the retained checkpoints, oldest first."""
+        newest = sorted(self.checkpoints)[-self.num_retained:]
+        return sorted(set(newest) | (self.pins & self.checkpoints.keys()))
+
+    def subsumed_ids(self) -> list[int]:
+        """Ids of known checkpoints that are no longer retained, oldest first."""
+        kept = set(self.retained_ids())
+        return sorted(n for n in self.checkpoints if n not in kept)
+
+    def retention(self, checkpoint_id: int) -> Retention:
+        if checkpoint_id not in self.checkpoints:
+            raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} is not a known "
+                                          f"completed checkpoint")
+        return (Retention.RETAINED if checkpoint_id in self.retained_ids()
+                else Retention.SUBSUMED)
+
+    def is_referenced(self, path: str) -> bool:
+        """True when a retained checkpoint references ``path``."""
+        return path in self.refs
+
+    def unreferenced_paths(self, checkpoint_id: int) -> frozenset[str]:
+        """Paths of a (subsumed) checkpoint that no retained checkpoint references."""
+        return frozenset(p for p in self.checkpoints[checkpoint_id].paths if p not in self.refs)
+
+    # --- changes ----------------------------------------------------------------------
+
+    def register(self, checkpoint: RegisteredCheckpoint) -> SharedStateRegistry:
+        """Add a completed checkpoint; older ones beyond retention become subsumed.
+
+        Idempotent: registering a checkpoint already known returns an equal registry.
+        """
+        n = checkpoint.checkpoint_id
+        if n in self.checkpoints:
+            if self.checkpoints[n].paths != checkpoint.paths:
+                raise ValueError(f"checkpoint {n} is already registered with other files")
+            return self
+        cps = dict(self.checkpoints)
+        cps[n] = checkpoint
+        return self._with(cps, self.pins)
+
+    def pin(self, checkpoint_id: int) -> SharedStateRegistry:
+        """Keep a retained checkpoint retained until :meth:`unpin`."""
+        if self.retention(checkpoint_id) is not Retention.RETAINED:
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id} is subsumed (its files are being deleted) and "
+                f"cannot be pinned; pin one of the retained checkpoints "
+                f"{self.retained_ids()}")
+        if checkpoint_id in self.pins:
+            return self
+        return self._with(dict(self.checkpoints), self.pins | {checkpoint_id})
+
+    def unpin(self, checkpoint_id: int) -> SharedStateRegistry:
+        """Let retention drop the checkpoint again (no-op when it is not pinned)."""
+        if checkpoint_id not in self.pins:
+            return self
+        return self._with(dict(self.checkpoints), self.pins - {checkpoint_id})
+
+    def forget(self, checkpoint_id: int) -> SharedStateRegistry:
+        """Drop a subsumed checkpoint whose unreferenced files are deleted."""
+        if self.retention(checkpoint_id) is not Retention.SUBSUMED:
+            raise ValueError(f"checkpoint {checkpoint_id} is retained and cannot be forgotten")
+        cps = dict(self.checkpoints)
+        del cps[checkpoint_id]
+        return self._with(cps, self.pins - {checkpoint_id})
+
+    # --- internals --------------------------------------------------------------------
+
+    def _with(self, cps: dict[int, RegisteredCheckpoint],
+              pins: frozenset[int]) -> SharedStateRegistry:
+        # References are recomputed from the retained set rather than patched: the cost is
+        # linear in the retained files (a few thousand), and a recomputation cannot drift.
+        probe = replace(self, checkpoints=MappingProxyType(cps), pins=frozenset(pins),
+                        refs=_frozen({}))
+        refs: dict[str, set[int]] = {}
+        for n in probe.retained_ids():
+            for p in cps[n].paths:
+                refs.setdefault(p, set()).add(n)
+        return replace(probe, refs=_frozen({p: frozenset(s) for p, s in refs.items()}))
+
+    @classmethod
+    def rebuild(cls, num_retained: int, checkpoints: Iterable[RegisteredCheckpoint],
+                pins: Iterable[int] = ()) -> SharedStateRegistry:
+        """The registry derived from completed-checkpoint records alone (and the pins)."""
+        cps = {c.checkpoint_id: c for c in checkpoints}
+        reg = cls(num_retained)
+        return reg._with(cps, frozenset(p for p in pins if p in cps))
