@@ -305,14 +305,14 @@ class StateBackendOptions:
         RocksDB sizes in bytes (ints or strings like ``"64m"``); None: profile/RocksDB
         default. ``block_cache_size`` only when ``bounded_memory`` is False.
     max_write_buffer_number : int or None
-        Memtables per column family before writes stall (1..64).
+        Memtables per column family before writes stall (2..64).
     bloom_filter_bits_per_key : float or None, default 10.0
         Bloom filter bits per key (1..100); None disables the filter.
     compaction_style : {"level", "universal", "fifo"} or None
     compression_per_level : tuple of str or None
         Codec per LSM level, last entry repeated for deeper levels.
     max_open_files : int or None
-        File handles RocksDB keeps open, -1 for unlimited.
+        File handles RocksDB keeps open (20..4194304), -1 for unlimited.
     max_background_jobs : int or None
         Flush and compaction threads (1..256).
     bounded_memory : bool, default True
@@ -376,8 +376,8 @@ class StateBackendOptions:
         "size", optional=True, low=64 * _KIB, high=64 * _GIB, rocksdb=True)
     max_write_buffer_number: int | None = _opt(
         None, "Memtables per column family (active + being flushed) before writes stall. "
-        "None: profile or RocksDB default (2).", "int", optional=True, low=1, high=64,
-        rocksdb=True)
+        "None: profile or RocksDB default (2; RocksDB needs at least 2).", "int", optional=True,
+        low=2, high=64, rocksdb=True)
     bloom_filter_bits_per_key: float | None = _opt(
         10.0, "Bits per key of the bloom filter on SST files (about 1% false positives at "
         "10). None: no bloom filter.", "float", optional=True, low=1, high=100, rocksdb=True)
@@ -390,8 +390,9 @@ class StateBackendOptions:
         rocksdb=True)
     max_open_files: int | None = _opt(
         None, "File handles RocksDB keeps open; -1 keeps all open (fastest, needs a high "
-        "ulimit). None: profile or RocksDB default (-1).", "int", optional=True, low=1,
-        high=2**31 - 1, extra_ok=(-1,), rocksdb=True)
+        "ulimit). None: profile or RocksDB default (-1). RocksDB itself clips other values to "
+        "20..4194304, so smaller or larger ones are refused here.", "int", optional=True,
+        low=20, high=4194304, extra_ok=(-1,), rocksdb=True)
     max_background_jobs: int | None = _opt(
         None, "Concurrent background flush and compaction jobs per instance. None: "
         "profile or RocksDB default (2).", "int", optional=True, low=1, high=256,

@@ -123,7 +123,9 @@ _OVERRIDABLE = ("max_open_files", "max_background_jobs", "compaction_style", "bl
 def effective_settings(opts: StateBackendOptions) -> ProfileSettings:
     """The profile of ``opts`` with every explicit (non-None) tuning field applied on top.
 
-    Under bounded memory ``block_cache_size`` is None: the shared cache replaces it.
+    Under bounded memory ``block_cache_size`` is None: the shared cache replaces it. A
+    profile's ``min_write_buffer_number_to_merge`` is lowered below an explicit, smaller
+    ``max_write_buffer_number``.
     """
     settings = PROFILES[opts.predefined_profile]
     changes: dict[str, object] = {name: getattr(opts, name) for name in _OVERRIDABLE
@@ -134,6 +136,11 @@ def effective_settings(opts: StateBackendOptions) -> ProfileSettings:
     if opts.bounded_memory:
         changes["block_cache_size"] = None
     settings = replace(settings, **changes)
+    mwb, merge = settings.max_write_buffer_number, settings.min_write_buffer_number_to_merge
+    if mwb is not None and merge is not None and merge >= mwb:
+        # RocksDB would silently lower it anyway (a memtable must stay free for writes);
+        # doing it here keeps effective_settings equal to what RocksDB runs with.
+        settings = replace(settings, min_write_buffer_number_to_merge=max(1, mwb - 1))
     if settings.compaction_style not in (None, "level"):
         # Dynamic level sizing is a level-compaction setting; a profile's True must not
         # leak into universal/fifo.
