@@ -58,6 +58,7 @@ class RocksDBStateBackend:
         self.storage_options = dict(storage_options or {})
         self._coordinators: dict[str, Any] = {}
         self._listener = None
+        self._options: StateBackendOptions | None = None
         self._lock = threading.Lock()
 
     # --- pickling: only configuration ships to executors --------------------------------
@@ -71,6 +72,7 @@ class RocksDBStateBackend:
         self.__dict__.update(state)
         self._coordinators = {}
         self._listener = None
+        self._options = None
         self._lock = threading.Lock()
 
     # --- options ------------------------------------------------------------------------
@@ -178,9 +180,12 @@ class RocksDBStateBackend:
         with self._lock:
             coord = self._coordinators.get(operator_id)
             if coord is None:
-                opts = self._explicit_options or StateBackendOptions()
-                store = open_store(self.checkpoint_location, storage_options=self.storage_options or None)
-                coord = CheckpointCoordinator(store.child(operator_id), operator_id,
+                opts = self._options or self._explicit_options or StateBackendOptions()
+                store = open_store(self.checkpoint_location,
+                                   storage_options=self.storage_options or None)
+                coord = CheckpointCoordinator(store, operator_id,
+                                              parallelism=opts.parallelism or 1,
+                                              max_parallelism=opts.max_parallelism,
                                               num_retained=opts.num_retained)
                 self._coordinators[operator_id] = coord
             return coord
@@ -192,7 +197,7 @@ class RocksDBStateBackend:
         after their action, or let the next run do it."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            done.extend(self.coordinator(op).complete_pending())
+            done.extend(complete_pending(self.coordinator(op)))
         return done
 
     # --- internals ----------------------------------------------------------------------
@@ -201,8 +206,10 @@ class RocksDBStateBackend:
         check_component(operator_id)
         spark = df.sparkSession
         opts = self.options_for(spark)
+        self._options = opts
         coord = self.coordinator(operator_id)
-        coord.complete_pending()
+        coord.parallelism = opts.parallelism
+        complete_pending(coord)
         epoch = None
         if not df.isStreaming:
             latest = coord.latest()
@@ -235,6 +242,21 @@ class RocksDBStateBackend:
 
         self._listener = CompletionListener(self)
         spark.streams.addListener(self._listener)
+
+
+def complete_pending(coordinator) -> list:
+    """Complete, in order, every checkpoint after the latest completed one that all
+    partitions have published (a driver that crashed or missed events catches up here)."""
+    done = []
+    latest = coordinator.latest()
+    n = 0 if latest is None else latest.checkpoint_id + 1
+    while True:
+        record = coordinator.try_complete(n)
+        if record is None:
+            break
+        done.append(record)
+        n += 1
+    return done
 
 
 def _check_output_mode(mode: str) -> None:

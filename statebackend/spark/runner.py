@@ -18,7 +18,7 @@ from ..checkpoint.manifest import (
 from ..errors import IncompatibleStateError
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
-from ..storage.manifests import list_published_manifests, read_manifest
+from ..storage.manifests import list_published_manifests, operator_store, read_manifest
 from .task import (
     KG_COL,
     PTIME_COL,
@@ -38,17 +38,16 @@ log = logging.getLogger("statebackend.runner")
 _STORES: dict[tuple, Any] = {}
 
 
-def operator_store(config: OperatorConfig):
-    """One store per (location, operator) per worker process: pools are reused across tasks."""
-    key = (config.checkpoint_location, config.operator_id,
-           tuple(sorted(config.storage_options.items())))
+def root_store(config: OperatorConfig):
+    """One store per location per worker process: pools are reused across tasks."""
+    key = (config.checkpoint_location, tuple(sorted(config.storage_options.items())))
     store = _STORES.get(key)
     if store is None:
         root = open_store(config.checkpoint_location,
                           upload_threads=config.options.upload_threads,
                           download_threads=config.options.download_threads,
                           storage_options=config.storage_options or None)
-        store = _STORES[key] = root.child(config.operator_id)
+        store = _STORES[key] = root
     return store
 
 
@@ -108,7 +107,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
     pdf = read_input(batches)
-    store = operator_store(config)
+    root = root_store(config)
+    store = operator_store(root, config.operator_id)
     base = resolve_base(store, partition, checkpoint_id - 1)
     if base is None and checkpoint_id > 0:
         check_continuity(store, checkpoint_id)
@@ -118,7 +118,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             f"{config.max_parallelism}; it is fixed for the life of the state (write a "
             f"savepoint with the old value and restore it with the new one to migrate)")
     kg_range = kg_range_of(config, partition)
-    checkpointer = PartitionCheckpointer(store, config.operator_id, partition, config.options,
+    checkpointer = PartitionCheckpointer(root, config.operator_id, partition, config.options,
                                          local_root(config.options))
     instance, restore_metrics = checkpointer.restore(base)
     try:
@@ -147,8 +147,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                    "keys": len(groups), "processing_time_ms": ptime}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
-        checkpointer.checkpoint(instance, checkpoint_id, attempt, base, kg_range,
-                                backend.descriptors(), extra_metrics=metrics)
+        checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
+                                backend.descriptors(), base_manifest=base, extra_metrics=metrics)
     finally:
         instance.close()
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,

@@ -1,0 +1,41 @@
+"""Run the same stateful query on Spark's own operator and on ours, batch by batch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pandas as pd
+
+
+def write_batches(input_dir: str, batches: list[pd.DataFrame]) -> None:
+    os.makedirs(input_dir, exist_ok=True)
+    for i, pdf in enumerate(batches):
+        pdf.to_parquet(os.path.join(input_dir, f"part-{i:05d}.parquet"), index=False)
+
+
+def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_dir: str,
+               watermark: tuple[str, str] | None = None) -> dict[int, pd.DataFrame]:
+    """Run ``build(stream_df) -> result_df`` over the files, one file per micro-batch; returns
+    each micro-batch's output sorted, keyed by batch id."""
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)
+    if watermark is not None:
+        df = df.withWatermark(*watermark)
+    out: dict[int, pd.DataFrame] = {}
+
+    def collect(batch_df, batch_id):
+        pdf = batch_df.toPandas()
+        out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
+
+    q = (build(df).writeStream.foreachBatch(collect).outputMode("update")
+         .option("checkpointLocation", checkpoint_dir).trigger(availableNow=True).start())
+    q.awaitTermination()
+    return out
+
+
+def assert_same(ours: dict[int, pd.DataFrame], theirs: dict[int, pd.DataFrame]) -> None:
+    assert sorted(ours) == sorted(theirs), f"batches differ: {sorted(ours)} vs {sorted(theirs)}"
+    for b in sorted(theirs):
+        a = ours[b].astype({c: "int64" for c in ours[b].columns if c == "v"})
+        e = theirs[b].astype({c: "int64" for c in theirs[b].columns if c == "v"})
+        pd.testing.assert_frame_equal(a, e, check_dtype=False, obj=f"micro-batch {b}")
