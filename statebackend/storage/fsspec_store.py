@@ -161,29 +161,35 @@ class FsspecStore(DurableStore):
         check_relative(path)
         return f"{self.root}/{path}" if self.root != "/" else f"/{path}"
 
-    def _retry(self, what: str, fn: Callable[[int], T]) -> T:
-        """Run ``fn(try_number)`` with retries and backoff on transient errors."""
+    def _retry(self, what: str, fn: Callable[[int], T], path: str | None = None) -> T:
+        """Run ``fn(try_number)`` with retries and backoff on transient errors.
+
+        Errors raised when giving up carry ``path`` as their ``path`` attribute.
+        """
         for attempt in range(self.retries + 1):
             try:
                 return fn(attempt)
-            except BaseException as exc:  # noqa: BLE001 - classified below
-                if not isinstance(exc, Exception):
-                    raise
+            except Exception as exc:  # noqa: BLE001 - classified below
                 if isinstance(exc, StorageError) and not isinstance(exc, TransientStorageError):
                     raise
+                err: StorageError
                 if not _is_transient(exc):
                     if isinstance(exc, FileNotFoundError):
-                        raise StoreFileNotFoundError(
-                            f"{what}: not found in {self.url} ({exc})") from exc
-                    raise StorageError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-                if attempt >= self.retries:
-                    raise StorageError(f"{what} failed after {self.retries + 1} tries: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
-                log.info("%s failed (%s: %s); retry %d/%d in %.2fs", what,
-                         type(exc).__name__, exc, attempt + 1, self.retries, delay)
-                if delay > 0:
-                    time.sleep(delay)
+                        err = StoreFileNotFoundError(f"{what}: not found in {self.url} ({exc})")
+                    else:
+                        err = StorageError(f"{what} failed: {type(exc).__name__}: {exc}")
+                elif attempt >= self.retries:
+                    err = StorageError(f"{what} failed after {self.retries + 1} tries: "
+                                       f"{type(exc).__name__}: {exc}")
+                else:
+                    delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+                    log.info("%s failed (%s: %s); retry %d/%d in %.2fs", what,
+                             type(exc).__name__, exc, attempt + 1, self.retries, delay)
+                    if delay > 0:
+                        time.sleep(delay)
+                    continue
+                err.path = path  # type: ignore[attr-defined]
+                raise err from exc
         raise AssertionError("unreachable")
 
     def _remote_size(self, full: str) -> int | None:
@@ -204,12 +210,14 @@ class FsspecStore(DurableStore):
         def once(attempt: int) -> Transfer:
             existing = self._remote_size(full)
             if existing is not None:
-                if attempt > 0 and existing == size:
-                    # Our previous try landed but its answer was lost: same name, same size,
-                    # and names are unique to this attempt, so it is our content.
+                if attempt == 0:
+                    raise FileExistsError(f"{full} already exists; durable files are never "
+                                          f"overwritten (use a fresh attempt name)")
+                # Only our own earlier try can have written this attempt-unique name: if
+                # its answer was lost the content is complete; if it was torn, replace it.
+                if existing == size:
                     return Transfer(path, size, checksum)
-                raise FileExistsError(f"{full} already exists; durable files are never "
-                                      f"overwritten (use a fresh attempt name)")
+                self._rm_quiet(full)
             if self.atomic_rename:
                 self._put_local_atomic(local_path, full, overwrite=False)
             else:
@@ -222,7 +230,7 @@ class FsspecStore(DurableStore):
                                             f"durable, found {got}")
             return Transfer(path, size, checksum)
 
-        return self._retry(f"upload of {path}", once)
+        return self._retry(f"upload of {path}", once, path)
 
     def _put_local_atomic(self, local_path: str | None, full: str, *, overwrite: bool,
                           data: bytes | None = None) -> None:
@@ -272,7 +280,7 @@ class FsspecStore(DurableStore):
                 if os.path.exists(tmp):
                     os.unlink(tmp)
 
-        return self._retry(f"download of {path}", once)
+        return self._retry(f"download of {path}", once, path)
 
     def _stream_down(self, full: str, local_tmp: str) -> tuple[int, str]:
         import zlib
@@ -302,11 +310,11 @@ class FsspecStore(DurableStore):
                 raise TransientStorageError(f"publication of {path}: expected {len(data)} "
                                             f"bytes, found {got}")
 
-        self._retry(f"publication of {path}", once)
+        self._retry(f"publication of {path}", once, path)
 
     def get_bytes(self, path: str) -> bytes:
         full = self.full_path(path)
-        return self._retry(f"read of {path}", lambda _a: bytes(self.fs.cat_file(full)))
+        return self._retry(f"read of {path}", lambda _a: bytes(self.fs.cat_file(full)), path)
 
     def exists(self, path: str) -> bool:
         return self.size(path) is not None
@@ -343,6 +351,8 @@ class FsspecStore(DurableStore):
                 if not f.startswith(prefix):
                     continue
                 rel = f[len(prefix):]
+                if not rel.startswith(path + "/"):
+                    continue  # ``path`` itself is a file, not a directory
                 if rel.rsplit("/", 1)[-1].startswith(".tmp-"):
                     continue  # a local publication in progress, not a file yet
                 out.append(rel)

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import fsspec
 import pytest
 
 from ..errors import StorageError, UnsafePathError
@@ -167,3 +171,103 @@ class StoreContract:
         assert child.list_dir("chk-1") == ["chk-1/x"]
         with pytest.raises(UnsafePathError):
             store.child("../up")
+
+
+class FaultInjectingFileSystem(fsspec.AbstractFileSystem):
+    """An fsspec filesystem wrapping another one and failing chosen calls.
+
+    Parameters
+    ----------
+    inner : fsspec.AbstractFileSystem
+        The filesystem doing the real work.
+    fail_method : str
+        Which method fails: ``put_file``, ``pipe_file``, ``open`` (reads), ``info`` ...
+    fail_after : int
+        Calls of ``fail_method`` that succeed before the first failure.
+    fail_times : int or None
+        Failures in a row before calls succeed again (None: fail forever).
+    match : str
+        Only calls whose path contains this substring count.
+    error : callable
+        Builds the exception raised (default: a ``ConnectionError``, a transient error).
+    torn : bool
+        For ``put_file``, write half of the file to the target before raising, like a
+        non-atomic filesystem that died midway.
+    """
+
+    protocol = "faulty"
+
+    def __init__(self, inner: fsspec.AbstractFileSystem, *, fail_method: str = "put_file",
+                 fail_after: int = 0, fail_times: int | None = None, match: str = "",
+                 error: Callable[[], BaseException] | None = None, torn: bool = False) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.inner = inner
+        self.fail_method = fail_method
+        self.fail_after = fail_after
+        self.fail_times = fail_times
+        self.match = match
+        self.error = error or (lambda: ConnectionError("injected fault"))
+        self.torn = torn
+        self.calls = 0
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:  # paths are the inner filesystem's
+        return path.rstrip("/") or "/"
+
+    def _maybe_fail(self, method: str, path: str) -> bool:
+        if method != self.fail_method or self.match not in path:
+            return False
+        with self._lock:
+            self.calls += 1
+            if self.calls <= self.fail_after:
+                return False
+            if self.fail_times is not None and self.failures >= self.fail_times:
+                return False
+            self.failures += 1
+            return True
+
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
+        if self._maybe_fail("put_file", rpath):
+            if self.torn:
+                with open(lpath, "rb") as fh:
+                    data = fh.read()
+                self.inner.pipe_file(rpath, data[: len(data) // 2])
+            raise self.error()
+        self.inner.put_file(lpath, rpath, **kwargs)
+
+    def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        if self._maybe_fail("pipe_file", path):
+            raise self.error()
+        self.inner.pipe_file(path, value, **kwargs)
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if self._maybe_fail("open", path):
+            raise self.error()
+        return self.inner.open(path, mode, **kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None,
+                 **kwargs: Any) -> bytes:
+        if self._maybe_fail("cat_file", path):
+            raise self.error()
+        return self.inner.cat_file(path, start=start, end=end, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        if self._maybe_fail("info", path):
+            raise self.error()
+        return self.inner.info(path, **kwargs)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.find(path, *args, **kwargs)
+
+    def rm_file(self, path: str) -> None:
+        if self._maybe_fail("rm_file", path):
+            raise self.error()
+        self.inner.rm_file(path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.inner.makedirs(path, exist_ok=exist_ok)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.inner.invalidate_cache(path)

@@ -1,0 +1,145 @@
+"""The asynchronous part of a checkpoint: upload what is new, then publish the manifest.
+
+Rules kept here:
+
+* invariant 2: every upload goes under ``chk-<n>/p<p>/<attempt>/``, a directory no other
+  attempt writes, and the store refuses to overwrite; an attempt directory that already
+  holds files is refused outright;
+* invariant 3: the manifest is published last, with one atomic write, after every file it
+  references is durable;
+* invariant 4: an SST is reused only when the base manifest (the checkpoint this state
+  was restored from) lists it as durable with the same name and size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..errors import CheckpointError, CommitFailedError, StorageError
+from ..storage.base import DurableStore
+from ..storage.manifests import publish_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    PartitionManifest,
+    StateDescriptor,
+    attempt_dir,
+    check_relative,
+)
+from .metrics import CheckpointMetrics
+from .snapshot import LocalSnapshot
+
+log = logging.getLogger(__name__)
+
+
+def plan_reuse(snapshot: LocalSnapshot, base: PartitionManifest | None,
+               incremental: bool) -> dict[str, FileEntry]:
+    """SST name -> base entry for every file of ``snapshot`` that need not be uploaded."""
+    if base is None or not incremental:
+        return {}
+    if base.operator_id != snapshot.operator_id:
+        raise CheckpointError(f"base manifest {base.path} belongs to operator "
+                              f"{base.operator_id!r}, not {snapshot.operator_id!r}")
+    if base.checkpoint_id >= snapshot.checkpoint_id:
+        raise CheckpointError(f"base checkpoint {base.checkpoint_id} is not older than "
+                              f"checkpoint {snapshot.checkpoint_id}")
+    durable = base.shared_files()
+    reuse = {}
+    for f in snapshot.files:
+        entry = durable.get(f.name)
+        # Same name and same size within one RocksDB lineage means the same immutable
+        # file; a size difference means another lineage, so upload ours.
+        if f.shared and entry is not None and entry.size == f.size:
+            reuse[f.name] = entry
+    return reuse
+
+
+def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
+                    base: PartitionManifest | None, key_group_range: tuple[int, int],
+                    max_parallelism: int, states: Sequence[StateDescriptor] = (),
+                    incremental: bool = True) -> tuple[PartitionManifest, CheckpointMetrics]:
+    """Upload ``snapshot`` into ``store`` (rooted at the operator root) and publish its manifest.
+
+    Parameters
+    ----------
+    store : DurableStore
+        Rooted at ``<backend root>/<operator_id>``.
+    snapshot : LocalSnapshot
+        From :func:`statebackend.checkpoint.snapshot.take_snapshot`.
+    base : PartitionManifest or None
+        The manifest the state was restored from; None uploads everything.
+    key_group_range : tuple of int
+        ``(first, last)`` key groups of the partition, inclusive.
+    max_parallelism : int
+        Number of key groups.
+    states : sequence of StateDescriptor
+        The declared states, recorded in the manifest.
+    incremental : bool
+        False uploads every file every time.
+
+    Returns
+    -------
+    tuple of (PartitionManifest, CheckpointMetrics)
+
+    Raises
+    ------
+    CommitFailedError
+        This attempt's directory already holds files (a name was reused).
+    StorageError
+        An upload or the publication failed; no manifest is published then.
+    """
+    t0 = time.perf_counter()
+    n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
+    adir = attempt_dir(n, p, attempt)
+    existing = store.list_dir(adir)
+    if existing:
+        what = "published a manifest" if f"{adir}/{MANIFEST_NAME}" in existing else \
+            f"left {len(existing)} file(s)"
+        raise CommitFailedError(
+            f"checkpoint {n} partition {p}: attempt {attempt!r} already {what} under {adir}; "
+            f"durable files are never overwritten, so retry under a fresh attempt name")
+
+    reuse = plan_reuse(snapshot, base, incremental)
+    to_upload = [f for f in snapshot.files if f.name not in reuse]
+    pairs = [(os.path.join(snapshot.directory, f.name), check_relative(f"{adir}/{f.name}"))
+             for f in to_upload]
+    transfers = {t.path: t for t in store.put_files(pairs)}
+
+    entries = []
+    for f in snapshot.files:
+        if f.name in reuse:
+            b = reuse[f.name]
+            entries.append(FileEntry(f.name, b.path, b.size, b.checksum, shared=True,
+                                     uploaded=False))
+        else:
+            t = transfers[f"{adir}/{f.name}"]
+            if t.size != f.size:
+                raise StorageError(f"checkpoint {n} partition {p}: {f.name} changed while "
+                                   f"uploading ({f.size} -> {t.size} bytes)")
+            entries.append(FileEntry(f.name, t.path, t.size, t.checksum, shared=f.shared,
+                                     uploaded=True))
+    manifest = PartitionManifest(
+        operator_id=snapshot.operator_id, partition=p, checkpoint_id=n, attempt=attempt,
+        key_group_start=key_group_range[0], key_group_end=key_group_range[1],
+        max_parallelism=max_parallelism, files=tuple(entries),
+        base_checkpoint_id=None if base is None else base.checkpoint_id,
+        states=tuple(states), created_at_ms=int(time.time() * 1000))
+    metrics = CheckpointMetrics(
+        checkpoint_id=n, partition=p, attempt=attempt,
+        sync_duration_s=snapshot.sync_duration_s,
+        async_duration_s=time.perf_counter() - t0,
+        bytes_uploaded=sum(t.size for t in transfers.values()),
+        files_uploaded=len(transfers), files_reused=len(reuse),
+        full_size=manifest.full_size, incremental_size=manifest.incremental_size)
+    manifest = manifest.with_metrics(**metrics.to_dict())
+    publish_manifest(store, manifest)
+    # The manifest cannot hold its own publication time; the returned metrics do.
+    metrics = replace(metrics, async_duration_s=time.perf_counter() - t0)
+    log.info("checkpoint %d partition %d attempt %s: uploaded %d file(s), %d bytes; reused %d",
+             n, p, attempt, metrics.files_uploaded, metrics.bytes_uploaded,
+             metrics.files_reused)
+    return manifest, metrics

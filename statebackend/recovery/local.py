@@ -1,0 +1,279 @@
+"""The local side of recovery for one (operator, partition): working directory, clean
+marker and local secondary copies.
+
+Layout under ``<local_root>/<operator_id>/p<partition>/``::
+
+    work/                     the RocksDB working directory of the open instance
+    work.clean.json           "work/ holds exactly checkpoint n, attempt a" (see below)
+    copies/chk-<n>-<attempt>/ native checkpoint directories: upload source, then secondary copy
+
+The clean marker is written after checkpoint ``n`` is published and names ``n``, the attempt
+and RocksDB's sequence number at the snapshot; it is removed whenever the working directory
+is opened for writing. A restore trusts ``work/`` only when the marker names exactly the
+requested checkpoint and attempt and the reopened database still has that sequence number,
+so writes made after the snapshot (a failed or repeated attempt) are never taken for
+committed state (invariant 1).
+
+Secondary copies are secondary (invariant 7): nothing here raises on a failure to keep or
+prune them; restore verifies a copy against the manifest before it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..checkpoint.manifest import FileEntry, PartitionManifest, check_component
+from ..storage.checksum import file_crc32
+
+log = logging.getLogger(__name__)
+
+_COPY_RE = re.compile(r"^chk-(\d+)-(.+)$")
+WORK_DIR = "work"
+MARKER_SUFFIX = ".clean.json"
+
+
+class LocalCopyError(Exception):
+    """A local copy is missing or does not match its manifest (internal: triggers fallback)."""
+
+
+@dataclass(frozen=True)
+class CleanMarker:
+    checkpoint_id: int
+    attempt: str
+    sequence_number: int | None
+
+
+class LocalRecovery:
+    """Local directories of one (operator, partition).
+
+    Parameters
+    ----------
+    local_root : str
+        Root of local state on this machine (``StateBackendOptions.local_dir``).
+    operator_id : str
+        Operator directory name (a safe path component).
+    partition : int
+        Partition index.
+    num_retained : int
+        Local secondary copies to keep after a successful checkpoint.
+    """
+
+    def __init__(self, local_root: str, operator_id: str, partition: int,
+                 num_retained: int = 2) -> None:
+        check_component(operator_id)
+        if num_retained < 0:
+            raise ValueError(f"num_retained must be >= 0, got {num_retained}")
+        self.operator_id = operator_id
+        self.partition = partition
+        self.num_retained = num_retained
+        self.partition_dir = os.path.join(os.path.abspath(local_root), operator_id,
+                                          f"p{partition}")
+        self.working_dir = os.path.join(self.partition_dir, WORK_DIR)
+        self.copies_dir = os.path.join(self.partition_dir, "copies")
+
+    # --- clean marker -----------------------------------------------------------------
+
+    @property
+    def marker_path(self) -> str:
+        return self.working_dir + MARKER_SUFFIX
+
+    def write_clean_marker(self, checkpoint_id: int, attempt: str,
+                           sequence_number: int | None) -> None:
+        """Record that the working directory holds exactly this checkpoint (atomic write)."""
+        data = json.dumps({"checkpoint_id": checkpoint_id, "attempt": attempt,
+                           "sequence_number": sequence_number}).encode()
+        _atomic_write(self.marker_path, data)
+
+    def read_clean_marker(self) -> CleanMarker | None:
+        try:
+            with open(self.marker_path, "rb") as fh:
+                d = json.loads(fh.read())
+            return CleanMarker(int(d["checkpoint_id"]), str(d["attempt"]),
+                               None if d.get("sequence_number") is None
+                               else int(d["sequence_number"]))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError):
+            log.warning("ignoring unreadable clean marker %s", self.marker_path)
+            return None
+
+    def clear_clean_marker(self) -> None:
+        """Forget that the working directory is clean (call before opening it for writing)."""
+        try:
+            os.unlink(self.marker_path)
+        except FileNotFoundError:
+            pass
+
+    def working_dir_matches(self, checkpoint_id: int, attempt: str) -> CleanMarker | None:
+        """The marker when the working directory claims to be exactly (checkpoint, attempt)."""
+        m = self.read_clean_marker()
+        if m is None or (m.checkpoint_id, m.attempt) != (checkpoint_id, attempt):
+            return None
+        if not os.path.exists(os.path.join(self.working_dir, "CURRENT")):
+            return None
+        return m
+
+    # --- secondary copies -------------------------------------------------------------
+
+    def copy_dir(self, checkpoint_id: int, attempt: str) -> str:
+        check_component(attempt)
+        return os.path.join(self.copies_dir, f"chk-{checkpoint_id}-{attempt}")
+
+    def list_copies(self) -> list[tuple[int, str, str]]:
+        """``(checkpoint_id, attempt, directory)`` of every local copy, oldest first."""
+        try:
+            names = os.listdir(self.copies_dir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            m = _COPY_RE.match(name)
+            if m:
+                out.append((int(m.group(1)), m.group(2), os.path.join(self.copies_dir, name)))
+        return sorted(out)
+
+    def verify_copy(self, manifest: PartitionManifest, *, threads: int = 2) -> str:
+        """Check the local copy of ``manifest`` file by file (presence, size, CRC32).
+
+        Returns
+        -------
+        str
+            The copy's directory.
+
+        Raises
+        ------
+        LocalCopyError
+            Anything missing or different; the message names the file.
+        """
+        d = self.copy_dir(manifest.checkpoint_id, manifest.attempt)
+        if not os.path.isdir(d):
+            raise LocalCopyError(f"no local copy at {d}")
+        for f in manifest.files:
+            p = os.path.join(d, check_component(f.name))
+            try:
+                size = os.stat(p).st_size
+            except FileNotFoundError:
+                raise LocalCopyError(f"local copy misses {f.name}") from None
+            if size != f.size:
+                raise LocalCopyError(f"local {f.name}: expected {f.size} bytes, found {size}")
+
+        def check(f: FileEntry) -> str | None:
+            _size, crc = file_crc32(os.path.join(d, f.name))
+            return None if crc == f.checksum else (
+                f"local {f.name}: expected {f.checksum}, found {crc}")
+
+        # Checksums dominate restore time on big states; zlib releases the GIL on large
+        # chunks, so threads overlap on several cores. Largest first balances the pool.
+        files = sorted(manifest.files, key=lambda f: -f.size)
+        if threads > 1 and len(files) > 1:
+            with ThreadPoolExecutor(min(threads, len(files))) as pool:
+                problems = [p for p in pool.map(check, files) if p]
+        else:
+            problems = [p for p in map(check, files) if p]
+        if problems:
+            raise LocalCopyError(problems[0])
+        return d
+
+    def materialize_copy(self, copy_dir: str, files: Iterable[FileEntry]) -> str:
+        """Build a fresh working directory from a verified copy and swap it in.
+
+        SST files are hard-linked (immutable in RocksDB, so sharing inodes is safe); the
+        small private files are copied, because RocksDB may append to or replace them.
+        """
+        tmp = self.fresh_dir()
+        try:
+            for f in files:
+                src = os.path.join(copy_dir, f.name)
+                dst = os.path.join(tmp, f.name)
+                if f.shared:
+                    try:
+                        os.link(src, dst)
+                    except OSError:
+                        shutil.copy2(src, dst)  # e.g. another device: still correct
+                else:
+                    shutil.copy2(src, dst)
+            return self.install_working_dir(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def fresh_dir(self) -> str:
+        """An empty directory next to the working directory, for building a new one."""
+        d = os.path.join(self.partition_dir, f".work-{uuid.uuid4().hex[:12]}")
+        os.makedirs(d)
+        return d
+
+    def install_working_dir(self, built: str) -> str:
+        """Replace the working directory by ``built`` (a :meth:`fresh_dir`)."""
+        self.clear_clean_marker()
+        self.discard_working_dir()
+        os.rename(built, self.working_dir)
+        return self.working_dir
+
+    def discard_working_dir(self) -> None:
+        self.clear_clean_marker()
+        if os.path.exists(self.working_dir):
+            # Rename first so a crash mid-delete never leaves a half-deleted "work".
+            trash = os.path.join(self.partition_dir, f".trash-{uuid.uuid4().hex[:12]}")
+            os.rename(self.working_dir, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def remove_copy(self, directory: str) -> None:
+        """Delete one copy; never raises."""
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.warning("could not remove local copy %s", directory, exc_info=True)
+
+    def retain(self, keep: Iterable[str] = ()) -> list[str]:
+        """Prune local copies to the newest ``num_retained`` (plus ``keep``); never raises.
+
+        Returns
+        -------
+        list of str
+            Directories removed.
+        """
+        removed: list[str] = []
+        try:
+            keep_set = {os.path.abspath(k) for k in keep}
+            copies = self.list_copies()
+            newest = {d for _n, _a, d in copies[len(copies) - self.num_retained:]} \
+                if self.num_retained else set()
+            for _n, _a, d in copies:
+                if d not in newest and os.path.abspath(d) not in keep_set:
+                    self.remove_copy(d)
+                    removed.append(d)
+            self._sweep_leftovers()
+        except Exception:  # noqa: BLE001 - a secondary copy never fails a checkpoint
+            log.warning("pruning local copies under %s failed", self.copies_dir, exc_info=True)
+        return removed
+
+    def _sweep_leftovers(self) -> None:
+        """Remove half-built working directories left by a crash."""
+        try:
+            names = os.listdir(self.partition_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith((".work-", ".trash-")):
+                shutil.rmtree(os.path.join(self.partition_dir, name), ignore_errors=True)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
