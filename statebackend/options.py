@@ -526,6 +526,7 @@ class StateBackendOptions:
                 raise _unknown(name, value, list(names))
         by_spark_key = {cls.spark_key(name): name for name in names}
         entries = _conf_entries(conf)
+        lookup: Mapping[str, Any] | _GetOnly
         if entries is not None:
             for key, value in entries.items():
                 if isinstance(key, str) and key.startswith(SPARK_CONF_PREFIX) \
@@ -646,7 +647,7 @@ def _squash(key: str) -> str:
 
 
 def _suggest(key: str, candidates: list[str]) -> str | None:
-    squashed = {}
+    squashed: dict[str, str] = {}
     for c in candidates:
         squashed.setdefault(_squash(c), c)
     target = _squash(key)

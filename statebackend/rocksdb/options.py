@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rocksdict import (
     BlockBasedOptions,
@@ -128,7 +129,7 @@ def effective_settings(opts: StateBackendOptions) -> ProfileSettings:
     ``max_write_buffer_number``.
     """
     settings = PROFILES[opts.predefined_profile]
-    changes: dict[str, object] = {name: getattr(opts, name) for name in _OVERRIDABLE
+    changes: dict[str, Any] = {name: getattr(opts, name) for name in _OVERRIDABLE
                                   if getattr(opts, name) is not None}
     # The field defaults to 10 bits and None is the only way to turn the filter off, so
     # its value always wins over the profile's.
@@ -268,7 +269,8 @@ def to_rocksdict_options(opts: StateBackendOptions) -> Options:
         table.set_block_size(s.block_size)
     if s.bloom_filter_bits_per_key is not None:
         # Full (not block-based) filters: one filter per SST, fewer probes per lookup.
-        table.set_bloom_filter(s.bloom_filter_bits_per_key, False)
+        # RocksDB takes a double here; rocksdict's stub says int.
+        table.set_bloom_filter(s.bloom_filter_bits_per_key, False)  # type: ignore[arg-type]
     if opts.bounded_memory:
         shared = shared_memory(opts.memory_budget, opts.write_buffer_ratio)
         table.set_block_cache(shared.cache)
