@@ -44,6 +44,7 @@ __all__ = [
     "SPARK_CONF_PREFIX",
     "StateBackendOptions",
     "TIMER_SERVICES",
+    "default_max_parallelism",
     "parse_size",
 ]
 
