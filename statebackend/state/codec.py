@@ -1,0 +1,496 @@
+"""Value codecs: compact, deterministic bytes for tuples of a :class:`Schema`.
+
+Layout of one encoded row::
+
+    [null bitmap: ceil(n/8) bytes LE] [fixed-width fields, struct little-endian]
+    [variable fields in field order: varint length + bytes, absent when null]
+
+Fixed-width fields (boolean, integers, floats, date as int32 days, timestamps as int64
+microseconds) are packed with one ``struct`` call; a null fixed field is packed as zero and
+flagged in the bitmap. Strings are UTF-8; decimals are their unscaled integer as signed
+big-endian bytes; arrays are ``varint count, bitmap, elements``.
+
+The encoder and decoder of a schema are generated Python functions, compiled once per
+state, because this is the per-row hot path: a generated function does one ``struct`` call
+and no per-field dispatch. Decoding only slices bytes and calls ``struct``: no pickle, no
+code named by the data runs on load. Encoding is deterministic (equal tuples give equal
+bytes), which map-state user keys rely on.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import SchemaError
+from .schema import DataType, Schema
+
+__all__ = ["RowCodec", "compile_codec", "encode_varint", "decode_varint"]
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+_FIXED = {"boolean": "?", "tinyint": "b", "smallint": "h", "int": "i", "bigint": "q",
+          "float": "f", "double": "d", "date": "i", "timestamp": "q", "timestamp_ntz": "q"}
+_BITMAP = {1: "B", 2: "H", 4: "I", 8: "Q"}
+#: Precomputed one-byte varints: most strings are shorter than 128 bytes.
+_VL = [bytes((i,)) for i in range(128)]
+
+
+# --- varints ----------------------------------------------------------------------------
+
+
+def encode_varint(n: int) -> bytes:
+    """Unsigned LEB128."""
+    if n < 128:
+        return _VL[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """``(value, position after it)`` of the varint at ``buf[pos]``."""
+    shift = result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+# --- scalar conversions (also used by arrays and error diagnosis) -----------------------
+
+
+class _Bad(Exception):
+    """Internal: a value does not fit its type (message says what was expected)."""
+
+
+def _describe(v: Any) -> str:
+    r = repr(v)
+    return f"{type(v).__name__} {r[:40] + '...' if len(r) > 40 else r}"
+
+
+def _to_bool(v: Any) -> bool:
+    if v.__class__ is bool:
+        return v
+    dtype = getattr(v, "dtype", None)  # numpy.bool_
+    if dtype is not None and getattr(dtype, "kind", "") == "b":
+        return bool(v)
+    raise _Bad(f"expected a bool, got {_describe(v)}")
+
+
+def _to_days(v: Any) -> int:
+    if isinstance(v, _dt.datetime):
+        v = v.date()
+    if isinstance(v, _dt.date):
+        return v.toordinal() - _EPOCH_ORDINAL
+    raise _Bad(f"expected a datetime.date, got {_describe(v)}")
+
+
+def _to_micros(v: Any) -> int:
+    if not isinstance(v, _dt.datetime):
+        raise _Bad(f"expected a datetime.datetime, got {_describe(v)}")
+    if v.tzinfo is not None:
+        # Aware datetimes become the worker's local wall clock, which is what PySpark
+        # itself returns for TimestampType; naive ones are stored exactly as given.
+        v = v.astimezone().replace(tzinfo=None)
+    td = v - _EPOCH
+    return (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
+
+
+def _from_days(d: int) -> _dt.date:
+    return _dt.date.fromordinal(d + _EPOCH_ORDINAL)
+
+
+def _from_micros(us: int) -> _dt.datetime:
+    return _EPOCH + _dt.timedelta(microseconds=us)
+
+
+def _to_utf8(v: Any) -> bytes:
+    if isinstance(v, str):
+        try:
+            return v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Bad(f"string is not valid unicode ({exc.reason})") from None
+    raise _Bad(f"expected a str, got {_describe(v)}")
+
+
+def _to_binary(v: Any) -> bytes:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise _Bad(f"expected bytes, got {_describe(v)}")
+
+
+def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
+    quantum = decimal.Decimal(1).scaleb(-scale)
+    limit = 10 ** precision
+
+    def enc(v: Any) -> bytes:
+        if isinstance(v, bool) or not isinstance(v, (decimal.Decimal, int)):
+            raise _Bad(f"expected a decimal.Decimal, got {_describe(v)}")
+        d = decimal.Decimal(v)
+        if not d.is_finite():
+            raise _Bad(f"decimal {v} is not finite")
+        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP)
+        unscaled = int(q.scaleb(scale))
+        if abs(unscaled) >= limit:
+            raise _Bad(f"{v} does not fit DECIMAL({precision},{scale})")
+        return unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+
+    return enc
+
+
+def _decimal_decoder(scale: int) -> Callable[[bytes], decimal.Decimal]:
+    def dec(b: bytes) -> decimal.Decimal:
+        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale)
+    return dec
+
+
+def _checked_fixed(t: DataType) -> Callable[[Any], Any]:
+    """Converter to the internal value packed by struct, raising :class:`_Bad`."""
+    fmt = struct.Struct("<" + _FIXED[t.name])
+    pre: Callable[[Any], Any] | None = {
+        "boolean": _to_bool, "date": _to_days, "timestamp": _to_micros,
+        "timestamp_ntz": _to_micros}.get(t.name)
+
+    def conv(v: Any) -> Any:
+        x = pre(v) if pre is not None else v
+        if t.name in ("float", "double"):
+            if isinstance(x, (str, bytes)) or not hasattr(x, "__float__"):
+                raise _Bad(f"expected a float, got {_describe(v)}")
+        try:
+            fmt.pack(x)
+        except (struct.error, TypeError, OverflowError) as exc:
+            raise _Bad(f"expected {t.ddl()}, got {_describe(v)} ({exc})") from None
+        return x
+
+    return conv
+
+
+def _scalar_encoder(t: DataType) -> Callable[[Any], Any]:
+    if t.name in _FIXED:
+        return _checked_fixed(t)
+    if t.name == "string":
+        return _to_utf8
+    if t.name == "binary":
+        return _to_binary
+    if t.name == "decimal":
+        return _decimal_encoder(t.precision, t.scale)
+    if t.name == "array":
+        return _array_encoder(t)
+    raise SchemaError(f"unsupported type {t.ddl()}")
+
+
+def _scalar_decoder(t: DataType) -> Callable[[Any], Any] | None:
+    return {"date": _from_days, "timestamp": _from_micros, "timestamp_ntz": _from_micros,
+            "string": lambda b: b.decode("utf-8"), "binary": bytes}.get(t.name) or (
+        _decimal_decoder(t.scale) if t.name == "decimal" else None)
+
+
+# --- arrays -----------------------------------------------------------------------------
+
+
+def _array_encoder(t: DataType) -> Callable[[Any], bytes]:
+    el = t.element
+    assert el is not None
+    conv = _scalar_encoder(el)
+    fixed = _FIXED.get(el.name)
+
+    def enc(v: Any) -> bytes:
+        if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+            raise _Bad(f"expected a list for {t.ddl()}, got {_describe(v)}")
+        items = list(v.tolist() if hasattr(v, "tolist") else v)
+        n = len(items)
+        bits = 0
+        vals = []
+        for i, x in enumerate(items):
+            if x is None:
+                if not t.contains_null:
+                    raise _Bad(f"element {i} is None but the array does not contain nulls")
+                bits |= 1 << i
+                vals.append(0 if fixed else None)
+            else:
+                try:
+                    vals.append(conv(x))
+                except _Bad as exc:
+                    raise _Bad(f"element {i}: {exc}") from None
+        out = [encode_varint(n), bits.to_bytes((n + 7) // 8, "little")]
+        if fixed:
+            out.append(struct.pack(f"<{n}{fixed}", *vals))
+        else:
+            for x in vals:
+                if x is not None:
+                    out.append(encode_varint(len(x)))
+                    out.append(x)
+        return b"".join(out)
+
+    return enc
+
+
+def _array_decoder(t: DataType) -> Callable[[bytes], list[Any]]:
+    el = t.element
+    assert el is not None
+    fixed = _FIXED.get(el.name)
+    post = _scalar_decoder(el)
+
+    def dec(b: bytes) -> list[Any]:
+        n, pos = decode_varint(b, 0)
+        nb = (n + 7) // 8
+        bits = int.from_bytes(b[pos:pos + nb], "little")
+        pos += nb
+        if fixed:
+            vals: list[Any] = list(struct.unpack_from(f"<{n}{fixed}", b, pos))
+            if post is not None:
+                vals = [post(x) for x in vals]
+        else:
+            vals = []
+            for i in range(n):
+                if bits >> i & 1:
+                    vals.append(None)
+                    continue
+                ln, pos = decode_varint(b, pos)
+                raw = b[pos:pos + ln]
+                pos += ln
+                vals.append(post(raw) if post is not None else raw)
+        if bits:
+            for i in range(n):
+                if bits >> i & 1:
+                    vals[i] = None
+        return vals
+
+    return dec
+
+
+# --- the compiled row codec -------------------------------------------------------------
+
+
+class RowCodec:
+    """Encoder and decoder of tuples of one schema.
+
+    Parameters
+    ----------
+    schema : Schema
+        The declared schema.
+    label : str
+        How errors name the owner, e.g. ``"state 'count'"`` or ``"map 'm' user key"``.
+
+    Attributes
+    ----------
+    encode : callable
+        ``tuple-like -> bytes``; raises :class:`SchemaError` naming the label and field.
+    decode : callable
+        ``bytes -> tuple``.
+    """
+
+    def __init__(self, schema: Schema, label: str) -> None:
+        self.schema = schema
+        self.label = label
+        self._field_checks = [self._field_check(i) for i in range(len(schema))]
+        self.encode: Callable[[Any], bytes]
+        self.decode: Callable[[bytes], tuple[Any, ...]]
+        self._compile()
+
+    # --- errors -----------------------------------------------------------------------
+
+    def _field_check(self, i: int) -> Callable[[Any], Any]:
+        f = self.schema.fields[i]
+        return _scalar_encoder(f.type)
+
+    def _error(self, i: int, message: str) -> SchemaError:
+        f = self.schema.fields[i]
+        return SchemaError(f"{self.label} field {f.name!r} ({f.type.ddl()}): {message}")
+
+    def _diagnose(self, v: tuple[Any, ...], cause: BaseException | None = None) -> SchemaError:
+        """Find the field that made the fast encoder fail, for a precise message."""
+        for i, (f, x) in enumerate(zip(self.schema.fields, v)):
+            if x is None:
+                if not f.nullable:
+                    return self._error(i, "is None but the field is NOT NULL")
+                continue
+            try:
+                self._field_checks[i](x)
+            except _Bad as exc:
+                return self._error(i, str(exc))
+        return SchemaError(f"{self.label}: cannot encode {v!r} as ({self.schema.ddl()}): {cause}")
+
+    def _arity(self, v: Any) -> SchemaError:
+        return SchemaError(f"{self.label}: expected a tuple of {len(self.schema)} field(s) "
+                           f"({self.schema.ddl()}), got {len(v)} value(s): {v!r}")
+
+    def _normalize(self, v: Any) -> tuple[Any, ...]:
+        """Accept lists, Rows (reordered by field name), dicts; refuse anything else."""
+        names = self.schema.names
+        if isinstance(v, tuple):
+            row_fields = getattr(v, "__fields__", None)
+            if row_fields is not None and tuple(row_fields) != names and \
+                    sorted(row_fields) == sorted(names):
+                d = dict(zip(row_fields, v))
+                return tuple(d[n] for n in names)
+            return tuple(v)
+        if isinstance(v, list):
+            return tuple(v)
+        if isinstance(v, dict):
+            extra = set(v) - set(names)
+            missing = [n for n in names if n not in v]
+            if extra or missing:
+                raise SchemaError(f"{self.label}: dict keys do not match ({self.schema.ddl()}): "
+                                  f"missing {missing}, unexpected {sorted(map(str, extra))}")
+            return tuple(v[n] for n in names)
+        hint = " (wrap a single value in a tuple, e.g. (x,))" if len(names) == 1 else ""
+        raise SchemaError(f"{self.label}: expected a tuple of ({self.schema.ddl()}), "
+                          f"got {_describe(v)}{hint}")
+
+    # --- code generation --------------------------------------------------------------
+
+    def _compile(self) -> None:
+        fields = self.schema.fields
+        n = len(fields)
+        nb = (n + 7) // 8
+        bitmap_fmt = _BITMAP.get(nb)
+        fixed_idx = [i for i, f in enumerate(fields) if f.type.name in _FIXED]
+        var_idx = [i for i, f in enumerate(fields) if f.type.name not in _FIXED]
+        fmt = "<" + (bitmap_fmt or f"{nb}s") + "".join(_FIXED[fields[i].type.name]
+                                                        for i in fixed_idx)
+        st = struct.Struct(fmt)
+        ns: dict[str, Any] = {
+            "_pack": st.pack, "_unpack_from": st.unpack_from, "_FIXED_SIZE": st.size,
+            "_VL": _VL, "_varint": encode_varint, "_read_varint": decode_varint,
+            "_Bad": _Bad, "_struct_error": struct.error, "_self": self,
+            "_to_bool": _to_bool, "_to_days": _to_days, "_to_micros": _to_micros,
+            "_from_days": _from_days, "_from_micros": _from_micros, "_date": _dt.date,
+            "_datetime": _dt.datetime, "_EPOCH_ORDINAL": _EPOCH_ORDINAL, "_EPOCH": _EPOCH,
+            "_timedelta": _dt.timedelta, "_int_from_bytes": int.from_bytes,
+        }
+        args = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+        enc = ["def encode(v):",
+               "    if v.__class__ is not tuple:",
+               "        v = _self._normalize(v)",
+               f"    if len(v) != {n}:",
+               "        raise _self._arity(v)",
+               f"    {args} = v",
+               "    bits = 0"]
+        for i, f in enumerate(fields):
+            t = f.type.name
+            m = 1 << i
+            enc.append(f"    if a{i} is None:")
+            if f.nullable:
+                enc.append(f"        bits |= {m}")
+                if t in _FIXED:
+                    enc.append(f"        a{i} = 0")
+            else:
+                enc.append(f"        raise _self._error({i}, 'is None but the field is NOT NULL')")
+            enc.append("    else:")
+            body = self._encode_body(i, t, ns)
+            enc.extend("        " + line for line in body)
+        bits_expr = "bits" if bitmap_fmt else f"bits.to_bytes({nb}, 'little')"
+        fixed_args = "".join(f", a{i}" for i in fixed_idx)
+        enc += ["    try:",
+                f"        out = _pack({bits_expr}{fixed_args})",
+                "    except (_struct_error, TypeError, OverflowError) as exc:",
+                "        raise _self._diagnose(v, exc) from None"]
+        for i in var_idx:
+            enc += [f"    if a{i} is not None:",
+                    f"        ln = len(a{i})",
+                    f"        out += (_VL[ln] if ln < 128 else _varint(ln)) + a{i}"]
+        enc.append("    return out")
+
+        dec = ["def decode(buf):"]
+        head = ", ".join(["bits"] + [f"a{i}" for i in fixed_idx]) + ","
+        dec.append(f"    {head} = _unpack_from(buf, 0)")
+        if not bitmap_fmt:
+            dec.append("    bits = _int_from_bytes(bits, 'little')")
+        if var_idx:
+            dec.append("    pos = _FIXED_SIZE")
+        for i in var_idx:
+            t = fields[i].type.name
+            dec += [f"    if bits & {1 << i}:",
+                    f"        a{i} = None",
+                    "    else:",
+                    "        ln = buf[pos]",
+                    "        pos += 1",
+                    "        if ln >= 128:",
+                    "            ln, pos = _read_varint(buf, pos - 1)"]
+            if t == "string":
+                dec.append(f"        a{i} = buf[pos:pos + ln].decode('utf-8')")
+            elif t == "binary":
+                dec.append(f"        a{i} = buf[pos:pos + ln]")
+            else:
+                ns[f"_dec{i}"] = (_array_decoder(fields[i].type) if t == "array"
+                                  else _decimal_decoder(fields[i].type.scale))
+                dec.append(f"        a{i} = _dec{i}(buf[pos:pos + ln])")
+            dec.append("        pos += ln")
+        for i in fixed_idx:
+            t = fields[i].type.name
+            if t == "date":
+                dec.append(f"    a{i} = _date.fromordinal(a{i} + _EPOCH_ORDINAL)")
+            elif t in ("timestamp", "timestamp_ntz"):
+                dec.append(f"    a{i} = _EPOCH + _timedelta(microseconds=a{i})")
+        nullable_fixed = [i for i in fixed_idx if fields[i].nullable]
+        if nullable_fixed:
+            dec.append("    if bits:")
+            for i in nullable_fixed:
+                dec.append(f"        if bits & {1 << i}: a{i} = None")
+        dec.append(f"    return ({args})")
+        src = "\n".join(enc) + "\n\n" + "\n".join(dec) + "\n"
+        # Generated from the schema only (field indexes and type tags), never from data.
+        exec(compile(src, f"<codec {self.label}>", "exec"), ns)  # noqa: S102
+        self.encode = ns["encode"]
+        self.decode = ns["decode"]
+        self.source = src
+
+    def _encode_body(self, i: int, t: str, ns: dict[str, Any]) -> list[str]:
+        """Per-field conversion of a non-None value to what ``_pack`` or the tail takes."""
+        if t in ("tinyint", "smallint", "int", "bigint"):
+            # struct refuses floats and strings for integer codes; a failure is diagnosed.
+            return ["pass"]
+        if t in ("float", "double"):
+            return ["pass"]  # struct refuses str/bytes for float codes (no __float__)
+        if t == "boolean":
+            return [f"if a{i}.__class__ is not bool:",
+                    "    try:",
+                    f"        a{i} = _to_bool(a{i})",
+                    "    except _Bad as exc:",
+                    f"        raise _self._error({i}, str(exc)) from None"]
+        if t == "date":
+            return [f"if a{i}.__class__ is _date:",
+                    f"    a{i} = a{i}.toordinal() - _EPOCH_ORDINAL",
+                    "else:",
+                    "    try:",
+                    f"        a{i} = _to_days(a{i})",
+                    "    except _Bad as exc:",
+                    f"        raise _self._error({i}, str(exc)) from None"]
+        if t in ("timestamp", "timestamp_ntz"):
+            return ["try:",
+                    f"    a{i} = _to_micros(a{i})",
+                    "except _Bad as exc:",
+                    f"    raise _self._error({i}, str(exc)) from None"]
+        if t == "string":
+            ns[f"_conv{i}"] = _to_utf8
+            return [f"if a{i}.__class__ is str:",
+                    "    try:",
+                    f"        a{i} = a{i}.encode('utf-8')",
+                    "    except UnicodeEncodeError:",
+                    f"        raise _self._error({i}, 'string is not valid unicode') from None",
+                    "else:",
+                    "    try:",
+                    f"        a{i} = _conv{i}(a{i})",
+                    "    except _Bad as exc:",
+                    f"        raise _self._error({i}, str(exc)) from None"]
+        ns[f"_conv{i}"] = self._field_checks[i]
+        return ["try:",
+                f"    a{i} = _conv{i}(a{i})",
+                "except _Bad as exc:",
+                f"    raise _self._error({i}, str(exc)) from None"]
+
+
+def compile_codec(schema: Schema, label: str) -> RowCodec:
+    """Compile the codec of ``schema``; errors will name ``label``."""
+    return RowCodec(schema, label)

@@ -1,0 +1,288 @@
+"""State schemas: a small, pure model of the Spark types a state value may hold.
+
+A schema is a list of named, typed fields, declared either as a pyspark ``StructType``
+(read by duck typing, so this module never imports pyspark) or as a DDL string such as
+``"count BIGINT, `last seen` TIMESTAMP NOT NULL"``. Parsing DDL here, rather than through a
+SparkSession, is what lets a Python worker declare state without a JVM.
+
+Supported types: string, binary, boolean, tinyint, smallint, int, bigint, float, double,
+date, timestamp, timestamp_ntz, decimal(p, s) and array<one of those>.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SchemaError
+
+__all__ = ["DataType", "Field", "Schema", "parse_ddl", "to_schema"]
+
+#: Canonical type names, with the DDL aliases Spark accepts for them.
+_ALIASES = {
+    "string": "string", "varchar": "string", "char": "string", "text": "string",
+    "binary": "binary",
+    "boolean": "boolean", "bool": "boolean",
+    "tinyint": "tinyint", "byte": "tinyint",
+    "smallint": "smallint", "short": "smallint",
+    "int": "int", "integer": "int",
+    "bigint": "bigint", "long": "bigint",
+    "float": "float", "real": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp", "timestamp_ltz": "timestamp",
+    "timestamp_ntz": "timestamp_ntz",
+    "decimal": "decimal", "dec": "decimal", "numeric": "decimal",
+    "array": "array",
+}
+
+PRIMITIVES = frozenset(_ALIASES.values()) - {"array"}
+
+
+@dataclass(frozen=True)
+class DataType:
+    """One Spark data type.
+
+    Attributes
+    ----------
+    name : str
+        Canonical lower-case name (``bigint``, ``decimal``, ``array``...).
+    precision, scale : int
+        For ``decimal`` only.
+    element : DataType, optional
+        For ``array`` only: the element type (a primitive).
+    contains_null : bool
+        For ``array`` only: whether elements may be None.
+    """
+
+    name: str
+    precision: int = 0
+    scale: int = 0
+    element: DataType | None = None
+    contains_null: bool = True
+
+    def ddl(self) -> str:
+        if self.name == "decimal":
+            return f"DECIMAL({self.precision},{self.scale})"
+        if self.name == "array":
+            assert self.element is not None
+            return f"ARRAY<{self.element.ddl()}>"
+        return self.name.upper()
+
+
+@dataclass(frozen=True)
+class Field:
+    """A named field of a schema."""
+
+    name: str
+    type: DataType
+    nullable: bool = True
+
+    def ddl(self) -> str:
+        name = self.name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name) else \
+            "`" + self.name.replace("`", "``") + "`"
+        return f"{name} {self.type.ddl()}" + ("" if self.nullable else " NOT NULL")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """An ordered tuple of fields; values of this schema are tuples in field order."""
+
+    fields: tuple[Field, ...]
+
+    def __post_init__(self) -> None:
+        if not self.fields:
+            raise SchemaError("a state schema needs at least one field")
+        names = [f.name for f in self.fields]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise SchemaError(f"duplicate field name(s) {sorted(dup)} in schema")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def ddl(self) -> str:
+        """Canonical DDL: equal schemas give equal strings (used to detect redeclarations)."""
+        return ", ".join(f.ddl() for f in self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __str__(self) -> str:
+        return self.ddl()
+
+
+# --- DDL parsing ----------------------------------------------------------------------
+
+_TOKEN = re.compile(r"""
+    \s*(?:
+      (?P<quoted>`(?:``|[^`])*`)
+    | (?P<string>'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")
+    | (?P<number>\d+)
+    | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+    | (?P<punct>[<>(),:])
+    )""", re.VERBOSE)
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[tuple[str, str]] = []
+        pos = 0
+        stripped = text.rstrip()
+        while pos < len(stripped):
+            m = _TOKEN.match(stripped, pos)
+            if not m or m.end() == pos:
+                raise SchemaError(f"cannot parse schema {text!r}: unexpected character at "
+                                  f"position {pos}: {stripped[pos:pos + 10]!r}")
+            kind = m.lastgroup
+            assert kind is not None
+            self.tokens.append((kind, m.group(kind)))
+            pos = m.end()
+        self.i = 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def next(self, what: str) -> tuple[str, str]:
+        tok = self.peek()
+        if tok is None:
+            raise SchemaError(f"cannot parse schema {self.text!r}: expected {what}, found the end")
+        self.i += 1
+        return tok
+
+    def expect(self, value: str) -> None:
+        kind, v = self.next(repr(value))
+        if v.lower() != value:
+            raise SchemaError(f"cannot parse schema {self.text!r}: expected {value!r}, found {v!r}")
+
+    def accept(self, value: str) -> bool:
+        tok = self.peek()
+        if tok is not None and tok[1].lower() == value:
+            self.i += 1
+            return True
+        return False
+
+    def fields(self, closing: str | None) -> list[Field]:
+        out = [self.field()]
+        while self.accept(","):
+            out.append(self.field())
+        if closing is not None:
+            self.expect(closing)
+        return out
+
+    def field(self) -> Field:
+        kind, v = self.next("a field name")
+        if kind == "quoted":
+            name = v[1:-1].replace("``", "`")
+        elif kind == "ident":
+            name = v
+        else:
+            raise SchemaError(f"cannot parse schema {self.text!r}: expected a field name, found {v!r}")
+        self.accept(":")
+        dtype = self.type()
+        nullable = True
+        if self.accept("not"):
+            self.expect("null")
+            nullable = False
+        if self.accept("comment"):
+            kind, _ = self.next("a comment string")
+            if kind != "string":
+                raise SchemaError(f"cannot parse schema {self.text!r}: COMMENT needs a quoted string")
+        return Field(name, dtype, nullable)
+
+    def type(self) -> DataType:
+        kind, v = self.next("a type")
+        canon = _ALIASES.get(v.lower()) if kind == "ident" else None
+        if canon is None:
+            raise SchemaError(f"unsupported type {v!r} in schema {self.text!r}: supported are "
+                              f"{', '.join(sorted(PRIMITIVES))} and array<primitive>")
+        if canon == "array":
+            self.expect("<")
+            element = self.type()
+            self.expect(">")
+            if element.name == "array":
+                raise SchemaError(f"nested arrays are not supported in schema {self.text!r}")
+            return DataType("array", element=element)
+        if canon == "decimal":
+            precision, scale = 10, 0
+            if self.accept("("):
+                precision = int(self.next("a precision")[1])
+                if self.accept(","):
+                    scale = int(self.next("a scale")[1])
+                self.expect(")")
+            if not (1 <= precision <= 38 and 0 <= scale <= precision):
+                raise SchemaError(f"invalid DECIMAL({precision},{scale}) in schema {self.text!r}")
+            return DataType("decimal", precision, scale)
+        if canon == "string" and self.accept("("):  # char(n) / varchar(n): stored as string
+            self.next("a length")
+            self.expect(")")
+        return DataType(canon)
+
+
+def parse_type(text: str) -> DataType:
+    """Parse one type, e.g. ``"array<int>"`` or ``"decimal(10,2)"``."""
+    p = _Parser(text)
+    t = p.type()
+    if p.peek() is not None:
+        raise SchemaError(f"cannot parse type {text!r}: trailing {p.peek()[1]!r}")  # type: ignore[index]
+    return t
+
+
+def parse_ddl(text: str) -> Schema:
+    """Parse a DDL field list such as ``"count BIGINT, last STRING"``.
+
+    ``struct<a:int,b:string>`` (a StructType's simple string) is accepted too.
+
+    Raises
+    ------
+    SchemaError
+        On a syntax error or an unsupported type.
+    """
+    p = _Parser(text)
+    if not p.tokens:
+        raise SchemaError("an empty schema string declares no field: expected e.g. 'count BIGINT'")
+    first = p.peek()
+    if (first is not None and first[1].lower() == "struct" and len(p.tokens) > 1
+            and p.tokens[1][1] == "<"):
+        p.i = 2
+        fields = p.fields(">")
+    else:
+        fields = p.fields(None)
+    if p.peek() is not None:
+        raise SchemaError(f"cannot parse schema {text!r}: unexpected {p.peek()[1]!r}")  # type: ignore[index]
+    return Schema(tuple(fields))
+
+
+def _from_spark_type(dt: Any, where: str) -> DataType:
+    simple = dt.simpleString()
+    try:
+        t = parse_type(simple)
+    except SchemaError as exc:
+        raise SchemaError(f"{where}: {exc}") from None
+    if t.name == "array":
+        return DataType("array", element=t.element,
+                        contains_null=bool(getattr(dt, "containsNull", True)))
+    return t
+
+
+def to_schema(schema: Any) -> Schema:
+    """A :class:`Schema` from a DDL string, a pyspark ``StructType`` or a :class:`Schema`.
+
+    Raises
+    ------
+    SchemaError
+        When the schema cannot be read or uses an unsupported type.
+    """
+    if isinstance(schema, Schema):
+        return schema
+    if isinstance(schema, str):
+        return parse_ddl(schema)
+    fields = getattr(schema, "fields", None)
+    if fields is not None:  # a pyspark StructType, read without importing pyspark
+        return Schema(tuple(
+            Field(f.name, _from_spark_type(f.dataType, f"field {f.name!r}"), bool(f.nullable))
+            for f in fields))
+    raise SchemaError(f"expected a DDL string or a StructType as schema, got {type(schema).__name__}")

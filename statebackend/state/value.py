@@ -1,0 +1,161 @@
+"""Value state: one tuple per grouping key (PySpark's ``ValueState``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StateError
+from .base import EXPIRY, MISSING, KeyedState, no_current_key
+from .codec import RowCodec
+
+if TYPE_CHECKING:
+    from .backend import KeyedStateBackend
+
+__all__ = ["ValueState"]
+
+_pack_exp = EXPIRY.pack
+_unpack_exp = EXPIRY.unpack_from
+
+
+class ValueState(KeyedState):
+    """A single value per grouping key.
+
+    RocksDB key: the grouping key. RocksDB value: the encoded tuple, prefixed by its
+    expiry (epoch ms) when the state has a TTL.
+    """
+
+    kind = "value"
+
+    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+                 ttl_ms: int | None) -> None:
+        super().__init__(backend, name, ttl_ms)
+        self.codec = codec
+        self._encode = codec.encode
+        self._decode = codec.decode
+
+    # --- PySpark's ValueState --------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether the current key has a (non-expired) value."""
+        return self._live(self._read(self._key())) is not None
+
+    def get(self) -> tuple[Any, ...] | None:
+        """The value of the current key, or None when it has none (or it expired)."""
+        # Inlined cache lookups: this is the per-row hot path.
+        key = self._backend._current_key
+        if key is None:
+            raise no_current_key(self.name)
+        raw = self._dirty.get(key, MISSING)
+        if raw is MISSING:
+            raw = self._clean.get(key, MISSING)
+            if raw is MISSING:
+                raw = self._cf.get(key)
+                self._clean[key] = raw
+        if raw is None:
+            return None
+        if self.ttl_ms is not None:
+            raw = self._live(raw)
+            if raw is None:
+                return None
+        return self._decode(raw)
+
+    def update(self, new_value: Any) -> None:
+        """Set the value of the current key (resets its TTL).
+
+        Raises
+        ------
+        SchemaError
+            When ``new_value`` does not match the schema.
+        """
+        key = self._backend._current_key
+        if key is None:
+            raise no_current_key(self.name)
+        raw = self._encode(new_value)
+        if self.ttl_ms is not None:
+            expiry = self._backend._clock() + self.ttl_ms
+            raw = _pack_exp(expiry) + raw
+            self._index_ttl(key, expiry)
+        self._dirty[key] = raw
+        b = self._backend
+        b._n_writes += 1
+        if b._n_writes >= b.max_dirty_entries:
+            b.flush()
+
+    def clear(self) -> None:
+        """Remove the value of the current key."""
+        self._write(self._key(), None)
+
+    # --- batch-at-a-time -------------------------------------------------------------------
+
+    def get_many(self, keys: Sequence[bytes]) -> list[tuple[Any, ...] | None]:
+        """Values of ``keys`` (independent of the current key), one multi-get for misses."""
+        dirty, clean = self._dirty, self._clean
+        raws: list[Any] = [None] * len(keys)
+        missing: list[int] = []
+        for i, k in enumerate(keys):
+            raw = dirty.get(k, MISSING)
+            if raw is MISSING:
+                raw = clean.get(k, MISSING)
+                if raw is MISSING:
+                    missing.append(i)
+                    continue
+            raws[i] = raw
+        if missing:
+            fetched = self._cf.get([keys[i] for i in missing])
+            for i, raw in zip(missing, fetched):
+                raws[i] = raw
+                clean[keys[i]] = raw
+        decode = self._decode
+        if self.ttl_ms is None:
+            return [None if r is None else decode(r) for r in raws]
+        now = self._backend._clock()
+        return [None if r is None or _unpack_exp(r)[0] <= now else decode(r[8:]) for r in raws]
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None:
+        """Set ``keys[i]`` to ``values[i]`` (independent of the current key)."""
+        if len(keys) != len(values):
+            raise StateError(f"state {self.name!r}: put_many got {len(keys)} keys and "
+                             f"{len(values)} values")
+        encode, dirty = self._encode, self._dirty
+        encoded = [encode(v) for v in values]  # validate everything before writing anything
+        if self.ttl_ms is not None:
+            expiry = self._backend._clock() + self.ttl_ms
+            prefix = _pack_exp(expiry)
+            encoded = [prefix + e for e in encoded]
+            for k in keys:
+                self._index_ttl(k, expiry)
+        for k, e in zip(keys, encoded):
+            dirty[k] = e
+        self._note_writes(len(keys))
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """Remove the values of ``keys``."""
+        dirty = self._dirty
+        for k in keys:
+            dirty[k] = None
+        self._note_writes(len(keys))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _note_writes(self, n: int) -> None:
+        b = self._backend
+        b._n_writes += n
+        if b._n_writes >= b.max_dirty_entries:
+            b.flush()
+
+    def _live(self, raw: bytes | None) -> bytes | None:
+        """The payload of ``raw`` without its expiry, or None when absent or expired."""
+        if raw is None or self.ttl_ms is None:
+            return raw
+        if _unpack_exp(raw)[0] <= self._backend._clock():
+            return None
+        return raw[8:]
+
+    def _purge(self, key: bytes, now: int) -> int:
+        """TTL purge of one entry: 1 when it was expired and removed."""
+        raw = self._read(key)
+        if raw is not None and _unpack_exp(raw)[0] <= now:
+            self._write(key, None)
+            return 1
+        return 0
