@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from .checkpoint.manifest import check_component
 from .errors import OptionsError
-from .options import StateBackendOptions
+from .options import StateBackendOptions, default_max_parallelism
 from .spark import plan
 from .spark.group_state import check_timeout_conf, run_group_function
 from .spark.processor import run_processor
@@ -78,15 +78,19 @@ class RocksDBStateBackend:
     # --- options ------------------------------------------------------------------------
 
     def options_for(self, spark: SparkSession) -> StateBackendOptions:
-        if self._explicit_options is not None:
-            opts = self._explicit_options
-            if opts.parallelism is None:
-                opts = opts.with_(parallelism=int(spark.conf.get("spark.sql.shuffle.partitions")))
-            return opts
-        conf = {k: v for k, v in spark.sparkContext.getConf().getAll()}
-        for key in ("spark.sql.shuffle.partitions",):
-            conf[key] = spark.conf.get(key)
-        return StateBackendOptions.from_spark_conf(conf)
+        """Explicit options > ``spark.statebackend.*`` conf > defaults, with the parallelism
+        defaulting to ``spark.sql.shuffle.partitions``."""
+        if self._explicit_options is None:
+            conf = dict(spark.sparkContext.getConf().getAll())
+            conf["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+            return StateBackendOptions.from_spark_conf(conf)
+        opts = self._explicit_options
+        if opts.parallelism is None:
+            p = int(spark.conf.get("spark.sql.shuffle.partitions"))
+            opts = opts.with_(parallelism=p,
+                              max_parallelism=max(opts.max_parallelism, default_max_parallelism(p))
+                              if p > opts.max_parallelism else opts.max_parallelism)
+        return opts
 
     # --- the swap-in calls --------------------------------------------------------------
 

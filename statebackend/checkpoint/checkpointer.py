@@ -21,7 +21,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import CheckpointError, CorruptStateError
 from ..options import StateBackendOptions
@@ -239,6 +240,7 @@ class PartitionCheckpointer:
                    key_group_range: tuple[int, int] | None = None,
                    states: Sequence[StateDescriptor] = (),
                    base_manifest: PartitionManifest | None = None,
+                   extra_metrics: Mapping[str, Any] | None = None,
                    ) -> tuple[PartitionManifest, CheckpointMetrics]:
         """Take checkpoint ``checkpoint_id`` of the instance: sync snapshot, then upload.
 
@@ -268,10 +270,11 @@ class PartitionCheckpointer:
             The durable copy failed; nothing was published.
         """
         snapshot = self.snapshot_sync(instance, checkpoint_id, attempt)
-        return self._upload(snapshot, base_manifest, key_group_range, states)
+        return self._upload(snapshot, base_manifest, key_group_range, states, extra_metrics)
 
     def _upload(self, snapshot: LocalSnapshot, base: PartitionManifest | None,
-                key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor]
+                key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor],
+                extra_metrics: Mapping[str, Any] | None = None,
                 ) -> tuple[PartitionManifest, CheckpointMetrics]:
         base = self._check_base(base)
         kgr = key_group_range or (0, self.options.max_parallelism - 1)
@@ -279,7 +282,7 @@ class PartitionCheckpointer:
             manifest, metrics = upload_snapshot(
                 self.store, snapshot, base=base, key_group_range=kgr,
                 max_parallelism=self.options.max_parallelism, states=states,
-                incremental=self.options.incremental)
+                incremental=self.options.incremental, extra_metrics=extra_metrics)
         except BaseException:
             # The snapshot of an unpublished checkpoint is no secondary copy of anything.
             self.local.remove_copy(snapshot.directory)

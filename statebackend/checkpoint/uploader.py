@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, StorageError
 from ..storage.base import DurableStore
@@ -61,7 +62,8 @@ def plan_reuse(snapshot: LocalSnapshot, base: PartitionManifest | None,
 def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
                     base: PartitionManifest | None, key_group_range: tuple[int, int],
                     max_parallelism: int, states: Sequence[StateDescriptor] = (),
-                    incremental: bool = True) -> tuple[PartitionManifest, CheckpointMetrics]:
+                    incremental: bool = True, extra_metrics: Mapping[str, Any] | None = None,
+                    ) -> tuple[PartitionManifest, CheckpointMetrics]:
     """Upload ``snapshot`` into ``store`` (rooted at the operator root) and publish its manifest.
 
     Parameters
@@ -135,7 +137,8 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         bytes_uploaded=sum(t.size for t in transfers.values()),
         files_uploaded=len(transfers), files_reused=len(reuse),
         full_size=manifest.full_size, incremental_size=manifest.incremental_size)
-    manifest = manifest.with_metrics(**metrics.to_dict())
+    # caller's metrics (e.g. the operator's running max event time) go in before publication
+    manifest = manifest.with_metrics(**(extra_metrics or {}), **metrics.to_dict())
     publish_manifest(store, manifest)
     # The manifest cannot hold its own publication time; the returned metrics do.
     metrics = replace(metrics, async_duration_s=time.perf_counter() - t0)

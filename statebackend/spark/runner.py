@@ -16,11 +16,13 @@ from ..checkpoint.manifest import (
     completed_record_path,
 )
 from ..errors import IncompatibleStateError
+from ..rocksdb.instance import RocksDBInstance
+from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
 from ..storage.manifests import list_published_manifests, operator_store, read_manifest
+from .plan import KG_COL
 from .task import (
-    KG_COL,
     PTIME_COL,
     BatchContext,
     OperatorConfig,
@@ -102,7 +104,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                   process: Callable[[KeyedStateBackend, Any, BatchContext, Iterator], list]
                   ) -> Iterator[pd.DataFrame]:
     """Run one task; ``process(backend, groups, ctx, frames)`` returns the output frames."""
-    from ..checkpoint.partition import PartitionCheckpointer
+    from ..checkpoint import PartitionCheckpointer
 
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
@@ -118,8 +120,10 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             f"{config.max_parallelism}; it is fixed for the life of the state (write a "
             f"savepoint with the old value and restore it with the new one to migrate)")
     kg_range = kg_range_of(config, partition)
-    checkpointer = PartitionCheckpointer(root, config.operator_id, partition, config.options,
-                                         local_root(config.options))
+    db_options = to_rocksdict_options(config.options)
+    checkpointer = PartitionCheckpointer(
+        root, config.operator_id, partition, config.options, local_root(config.options),
+        open_instance=lambda path: RocksDBInstance(path, db_options=db_options))
     instance, restore_metrics = checkpointer.restore(base)
     try:
         ptime = batch_processing_time(pdf)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -147,7 +146,7 @@ def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
 
 
 def local_root(options: StateBackendOptions) -> str:
-    root = options.local_dir or os.path.join(tempfile.gettempdir(), "statebackend-local")
+    root = options.resolved_local_dir()
     os.makedirs(root, exist_ok=True)
     return root
 

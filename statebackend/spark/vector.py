@@ -41,7 +41,7 @@ class KeyedColumnState:
         self._key_types = list(key_types)
         self._max_parallelism = max_parallelism
         self._state = backend.value_state(STATE_NAME, value_schema)
-        self._fields = self._state.field_names
+        self._fields = list(self._state.codec.schema.names)
 
     @property
     def value_columns(self) -> list[str]:
