@@ -21,6 +21,8 @@ Values and nulls
   clock is taken as UTC. numpy/pandas/Arrow timestamps are instants (naive = UTC).
   Dates are days since 1970-01-01; ints are accepted as days (date) or microseconds
   (timestamps).
+* Scalars are type-checked strictly. Whole string/binary columns are checked only for
+  being str, bytes or null (the kernels hash either as their bytes), to stay fast.
 """
 
 from __future__ import annotations
@@ -200,8 +202,6 @@ def to_internal(value: Any, type_: str) -> int | bytes | None:
                 return value.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise SchemaError(f"a string key must be valid Unicode: {exc}") from None
-        if isinstance(value, (bytes, bytearray)):
-            return bytes(value)
         raise SchemaError(f"a string key must be str, got {type(value).__name__}: {value!r}")
     if type_ == "binary":
         if isinstance(value, (bytes, bytearray, memoryview)):
