@@ -179,10 +179,16 @@ def _obj_bytes(item: Any) -> bytes | None:
         f"expected str, bytes or None in a string/binary key column, got {type(item).__name__}")
 
 
-def _arrow_items(offsets: np.ndarray, data: np.ndarray, mask: np.ndarray | None
-                 ) -> list[bytes | None]:
-    buf = np.asarray(data, dtype=np.uint8).tobytes()
-    offs = np.asarray(offsets).tolist()
+def _arrow_items(kind: str, offsets: np.ndarray, data: np.ndarray, mask: np.ndarray | None,
+                 n: int) -> list[bytes | None]:
+    buf = _check_array(data, 1, len(np.asarray(data)), "data").tobytes()
+    offs_arr = _check_array(offsets, 4 if kind == "a32" else 8, n + 1, "offsets")
+    if len(offs_arr) and (offs_arr[0] < 0 or offs_arr[-1] > len(buf)
+                          or (np.diff(offs_arr) < 0).any()):
+        raise ValueError("Arrow offsets out of bounds or decreasing")
+    if mask is not None:
+        mask = _check_array(mask, 1, n, "mask")
+    offs = offs_arr.tolist()
     items: list[bytes | None] = [buf[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
     if mask is not None:
         for i in np.flatnonzero(~np.asarray(mask, dtype=bool)).tolist():
@@ -195,6 +201,15 @@ def _check_len(name: str, got: int, n: int) -> None:
         raise ValueError(f"column {name!r} has {got} rows, expected {n}")
 
 
+def _check_array(values: Any, itemsize: int, n: int, what: str) -> np.ndarray:
+    """Refuse what the C side refuses: wrong item size (TypeError) or row count."""
+    arr = np.asarray(values)
+    if arr.dtype.itemsize != itemsize:
+        raise TypeError(f"{what}: expected items of {itemsize} bytes, got {arr.dtype.itemsize}")
+    _check_len(what, len(arr), n)
+    return arr
+
+
 def py_hash_columns(columns: Sequence[tuple], out: np.ndarray, max_parallelism: int) -> None:
     """Pure-Python twin of the native ``hash_columns`` (see the module docstring)."""
     if out.dtype != np.int32 or not out.flags.c_contiguous or not out.flags.writeable:
@@ -204,20 +219,17 @@ def py_hash_columns(columns: Sequence[tuple], out: np.ndarray, max_parallelism: 
     for col in columns:
         kind = col[0]
         if kind in ("i32", "i64"):
-            values, mask = col[1], col[2]
-            _check_len(kind, len(values), n)
+            values = _check_array(col[1], 4 if kind == "i32" else 8, n, kind)
+            mask = col[2]
             h = _np_hash_i32(values, seeds) if kind == "i32" else _np_hash_i64(values, seeds)
             if mask is not None:
-                _check_len("mask", len(mask), n)
-                h = np.where(np.asarray(mask, dtype=bool), h, seeds)
+                h = np.where(_check_array(mask, 1, n, "mask").astype(bool), h, seeds)
             seeds[:] = h
         elif kind in ("obj", "a32", "a64"):
             if kind == "obj":
                 items: Sequence[Any] = col[1]
             else:
-                if col[3] is not None:
-                    _check_len("mask", len(col[3]), n)
-                items = _arrow_items(col[1], col[2], col[3])
+                items = _arrow_items(kind, col[1], col[2], col[3], n)
             _check_len(kind, len(items), n)
             hs = seeds.tolist()
             for i, item in enumerate(items):
@@ -266,8 +278,8 @@ KEY_GROUP_PREFIXES = [kg.to_bytes(2, "big") for kg in range(1 << 16)]
 def _fields(col: tuple, n: int) -> list[bytes]:
     kind = col[0]
     if kind in ("int", "f32", "f64"):
-        values, mask = col[1], col[2]
-        _check_len(kind, len(values), n)
+        values = _check_array(col[1], 4 if kind == "f32" else 8, n, kind)
+        mask = col[2]
         if kind == "int":
             fields = [int_field(v) for v in np.asarray(values, dtype=np.int64).tolist()]
         else:
@@ -275,17 +287,15 @@ def _fields(col: tuple, n: int) -> list[bytes]:
             raw = np.asarray(values).astype(dt).tobytes()
             fields = [b"\x01" + raw[i:i + width] for i in range(0, n * width, width)]
         if mask is not None:
-            _check_len("mask", len(mask), n)
-            for i in np.flatnonzero(~np.asarray(mask, dtype=bool)).tolist():
+            mask = _check_array(mask, 1, n, "mask").astype(bool)
+            for i in np.flatnonzero(~mask).tolist():
                 fields[i] = NULL_FIELD
         return fields
     if kind in ("obj", "a32", "a64"):
         if kind == "obj":
             items: Sequence[Any] = col[1]
         else:
-            if col[3] is not None:
-                _check_len("mask", len(col[3]), n)
-            items = _arrow_items(col[1], col[2], col[3])
+            items = _arrow_items(kind, col[1], col[2], col[3], n)
         _check_len(kind, len(items), n)
         out = []
         for item in items:

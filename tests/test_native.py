@@ -1,0 +1,196 @@
+"""The C kernels are byte-for-byte equal to their pure-Python twins, and the fallback works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statebackend import _kernels
+
+native = _kernels.native
+
+# Any Unicode but lone surrogates (which are not valid UTF-8 and raise in both).
+TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40)
+EXTREME_I64 = st.one_of(st.sampled_from([0, 1, -1, 2**63 - 1, -2**63, 2**62, -2**62 - 1,
+                                         63, 64, -64, -65, 8191, 8192]),
+                        st.integers(-2**63, 2**63 - 1))
+EXTREME_I32 = st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, -2**31]),
+                        st.integers(-2**31, 2**31 - 1))
+
+
+def test_native_extension_is_built_and_selected() -> None:
+    assert native is not None, "build it: python setup.py build_ext --inplace (or pip install -e .)"
+    if os.environ.get("STATEBACKEND_NO_NATIVE", "") in ("", "0"):
+        assert _kernels.BACKEND == "native"
+        assert _kernels.hash_columns is native.hash_columns
+        assert _kernels.encode_keys is native.encode_keys
+
+
+@st.composite
+def columns(draw: st.DrawFn, n: int, for_encode: bool) -> tuple:
+    """One random column spec of n rows, of any kind the kernel takes."""
+    kinds = ["int", "f32", "f64"] if for_encode else ["i32", "i64"]
+    kind = draw(st.sampled_from(kinds + ["obj", "obj_bytes", "arrow", "large_arrow"]))
+    mask = draw(st.one_of(st.none(), st.lists(st.booleans(), min_size=n, max_size=n)))
+    mask_arr = None if mask is None else np.array(mask, dtype=bool)
+    if kind in ("i32", "i64", "int"):
+        values = draw(st.lists(EXTREME_I32 if kind == "i32" else EXTREME_I64, min_size=n,
+                               max_size=n))
+        return (kind, np.array(values, dtype=np.int32 if kind == "i32" else np.int64), mask_arr)
+    if kind in ("f32", "f64"):
+        bits = draw(st.lists(st.integers(0, 2**32 - 1 if kind == "f32" else 2**64 - 1),
+                             min_size=n, max_size=n))
+        return (kind, np.array(bits, dtype=np.uint32 if kind == "f32" else np.uint64), mask_arr)
+    items = draw(st.lists(st.one_of(st.none(), TEXT if kind != "obj_bytes" else st.binary(max_size=40)),
+                          min_size=n, max_size=n))
+    if kind == "obj":
+        return ("obj", items)
+    if kind == "obj_bytes":
+        return ("obj", items + [] if draw(st.booleans()) else
+                [float("nan") if v is None else v for v in items])
+    # Arrow: a slice of a longer array, so offsets do not start at 0.
+    pad = draw(st.integers(0, 3))
+    arr = pa.array(["pad"] * pad + items, pa.large_string() if kind == "large_arrow" else pa.string())
+    arr = arr.slice(pad)
+    _, obuf, dbuf = arr.buffers()
+    width = np.int64 if kind == "large_arrow" else np.int32
+    offsets = (np.frombuffer(obuf, dtype=width)[arr.offset:arr.offset + n + 1] if obuf is not None
+               else np.zeros(n + 1, dtype=width))
+    data = np.frombuffer(dbuf, dtype=np.uint8) if dbuf is not None else np.empty(0, np.uint8)
+    valid = None if arr.null_count == 0 else np.asarray(
+        arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return ("a64" if kind == "large_arrow" else "a32", offsets, data, valid)
+
+
+@st.composite
+def hash_cases(draw: st.DrawFn) -> tuple:
+    n = draw(st.integers(0, 25))
+    cols = draw(st.lists(columns(n, for_encode=False), min_size=1, max_size=3))
+    seeds = draw(st.lists(EXTREME_I32, min_size=n, max_size=n))
+    max_p = draw(st.sampled_from([0, 1, 7, 128, 1000, 32768]))
+    return cols, np.array(seeds, dtype=np.int32), max_p
+
+
+@settings(max_examples=250, deadline=None)
+@given(hash_cases())
+def test_hash_columns_equals_twin(case: tuple) -> None:
+    cols, seeds, max_p = case
+    a, b = seeds.copy(), seeds.copy()
+    native.hash_columns(cols, a, max_p)
+    _kernels.py_hash_columns(cols, b, max_p)
+    assert a.tolist() == b.tolist()
+    if max_p:
+        assert ((0 <= a) & (a < max_p)).all()
+
+
+@st.composite
+def encode_cases(draw: st.DrawFn) -> tuple:
+    n = draw(st.integers(0, 25))
+    cols = draw(st.lists(columns(n, for_encode=True), min_size=0, max_size=3))
+    kgs = draw(st.lists(st.integers(0, 0xFFFF), min_size=n, max_size=n))
+    return cols, np.array(kgs, dtype=np.int32)
+
+
+@settings(max_examples=250, deadline=None)
+@given(encode_cases())
+def test_encode_keys_equals_twin(case: tuple) -> None:
+    cols, kgs = case
+    assert native.encode_keys(cols, kgs) == _kernels.py_encode_keys(cols, kgs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), TEXT), min_size=1, max_size=30),
+       st.lists(EXTREME_I64, min_size=30, max_size=30))
+def test_long_strings_and_extreme_ints(strs: list, ints: list) -> None:
+    strs = [s * 50 if s else s for s in strs]  # long values: multi-byte length varints
+    n = len(strs)
+    cols_h = [("obj", strs), ("i64", np.array(ints[:n], np.int64), None)]
+    a, b = np.full(n, 42, np.int32), np.full(n, 42, np.int32)
+    native.hash_columns(cols_h, a, 128)
+    _kernels.py_hash_columns(cols_h, b, 128)
+    assert a.tolist() == b.tolist()
+    cols_e = [("obj", strs), ("int", np.array(ints[:n], np.int64), None)]
+    kgs = a.astype(np.int32)
+    assert native.encode_keys(cols_e, kgs) == _kernels.py_encode_keys(cols_e, kgs)
+
+
+BAD_HASH = [
+    ([("i32", np.zeros(2, np.int32), None)], np.zeros(3, np.int32), ValueError),  # rows
+    ([("i64", np.zeros(3, np.int32), None)], np.zeros(3, np.int32), (TypeError, ValueError)),
+    ([("nope", np.zeros(3, np.int32), None)], np.zeros(3, np.int32), ValueError),
+    ([("obj", ["a", 3, "c"])], np.zeros(3, np.int32), TypeError),
+    ([("obj", ["a", "\ud800", "c"])], np.zeros(3, np.int32), UnicodeEncodeError),
+    ([("obj", ["a"])], np.zeros(1, np.int64), TypeError),  # out not int32
+]
+
+
+@pytest.mark.parametrize("cols, out, exc", BAD_HASH)
+def test_hash_errors_match(cols: list, out: np.ndarray, exc: type) -> None:
+    with pytest.raises(exc):
+        native.hash_columns(cols, out.copy(), 0)
+    with pytest.raises(exc):
+        _kernels.py_hash_columns(cols, out.copy(), 0)
+
+
+@pytest.mark.parametrize("offsets", [[0, 2, 100], [0, 3, 2], [-1, 2, 3]])
+def test_bad_arrow_offsets_raise_in_both(offsets: list[int]) -> None:
+    # Out of the 4-byte data buffer, decreasing, negative: never read out of bounds.
+    cols = [("a32", np.array(offsets, dtype=np.int32), np.frombuffer(b"abcd", np.uint8), None)]
+    for hash_impl, encode_impl in ((native.hash_columns, native.encode_keys),
+                                   (_kernels.py_hash_columns, _kernels.py_encode_keys)):
+        with pytest.raises(ValueError, match="offsets"):
+            hash_impl(cols, np.zeros(2, np.int32), 0)
+        with pytest.raises(ValueError, match="offsets"):
+            encode_impl(cols, np.zeros(2, np.int32))
+
+
+def test_encode_errors_match() -> None:
+    for impl in (native.encode_keys, _kernels.py_encode_keys):
+        with pytest.raises(OverflowError):
+            impl([("obj", ["a"])], np.array([0x10000], np.int32))
+        with pytest.raises(TypeError):
+            impl([("obj", ["a"])], np.array([1], np.int64))
+        with pytest.raises(ValueError):
+            impl([("i32", np.zeros(1, np.int32), None)], np.zeros(1, np.int32))  # hash-only kind
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k != "STATEBACKEND_NO_NATIVE"}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, timeout=120)
+
+
+def test_env_var_forces_twins_without_warning() -> None:
+    r = _run("import warnings; warnings.simplefilter('error');"
+             "import statebackend._kernels as k, statebackend.keycodec;"
+             "print(k.BACKEND, k.hash_columns is k.py_hash_columns)",
+             STATEBACKEND_NO_NATIVE="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["python", "True"]
+
+
+def test_missing_extension_warns_once_and_falls_back() -> None:
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['statebackend._native'] = None  # makes the import fail\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import statebackend._kernels as k\n"
+        "    import statebackend.keygroups as kg, statebackend.keycodec\n"
+        "    assert kg.key_groups([['a', 'b']], ['string']).tolist() == "
+        "[kg.key_group(['a'], ['string']), kg.key_group(['b'], ['string'])]\n"
+        "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
+        "print(k.BACKEND, len(msgs)); print(msgs[0])\n")
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    first, message = r.stdout.splitlines()[:2]
+    assert first == "python 1"
+    assert "native kernels unavailable" in message and "pip install -e ." in message
