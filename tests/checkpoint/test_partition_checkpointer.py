@@ -357,3 +357,26 @@ def test_manifest_at_wrong_path_is_refused(store: FsspecStore, tmp_path: Path) -
     ostore.put_bytes_atomic(f"{attempt_dir(1, 0, 'zz')}/{MANIFEST_NAME}", m1.to_json().encode())
     with pytest.raises(CorruptStateError, match="belongs at"):
         list_published_manifests(store, 1, 0, operator_id=OP)
+
+
+@pytest.mark.faults
+def test_local_copy_rocksdb_refuses_to_open_falls_back(store: FsspecStore,
+                                                       tmp_path: Path) -> None:
+    (m1,), state = run_batches(store, tmp_path, 1)
+    calls: list[str] = []
+
+    def flaky_open(path: str) -> RocksDBInstance:
+        calls.append(path)
+        if len(calls) == 1:
+            raise RuntimeError("Corruption: bad block")
+        return RocksDBInstance(path)
+
+    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(), str(tmp_path / "local"),
+                               open_instance=flaky_open)
+    cp.local.discard_working_dir()
+    inst, rm = cp.restore(m1)
+    try:
+        assert rm.source is RestoreSource.DURABLE and dump(inst) == state
+        assert "does not open" in rm.fallback_reason
+    finally:
+        inst.close()
