@@ -116,13 +116,13 @@ class PartitionCheckpointer:
         validate_manifest(manifest, self.operator_id)
         reasons: list[str] = []
 
-        inst = self._from_working_dir(manifest, reasons)
-        if inst is not None:
-            return inst, self._metrics(manifest, RestoreSource.WORKING_DIR, t0, reasons)
+        found = self._from_working_dir(manifest, reasons)
+        if found is not None:
+            return found, self._metrics(manifest, RestoreSource.WORKING_DIR, t0, reasons)
         if self.options.local_recovery:
-            inst = self._from_local_copy(manifest, reasons)
-            if inst is not None:
-                return inst, self._metrics(manifest, RestoreSource.LOCAL_COPY, t0, reasons)
+            found = self._from_local_copy(manifest, reasons)
+            if found is not None:
+                return found, self._metrics(manifest, RestoreSource.LOCAL_COPY, t0, reasons)
         if reasons:
             # One line per restore, whatever went wrong locally: it is recoverable noise.
             log.warning("checkpoint %d partition %d: restoring from durable storage (%s)",

@@ -31,6 +31,7 @@ from .checksum import CHUNK, bytes_crc32, file_crc32, format_crc32
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_Job = tuple[Callable[..., Transfer], tuple[Any, ...], dict[str, Any]]
 
 # Failures that retrying cannot fix: the answer will be the same next time.
 _PERMANENT: tuple[type[BaseException], ...] = (
@@ -363,19 +364,18 @@ class FsspecStore(DurableStore):
     # --- parallel helpers -------------------------------------------------------------
 
     def put_files(self, pairs: Iterable[tuple[str, str]]) -> list[Transfer]:
-        jobs = [(self.put_file, (local, path), {}) for local, path in pairs]
+        jobs: list[_Job] = [(self.put_file, (local, path), {}) for local, path in pairs]
         return self._run_all(self._pool(upload=True), jobs)
 
     def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
-        jobs = []
+        jobs: list[_Job] = []
         for item in items:
             path, local, size, checksum = _expand_get(item)
             jobs.append((self.get_file, (path, local), {"size": size, "checksum": checksum}))
         return self._run_all(self._pool(upload=False), jobs)
 
     @staticmethod
-    def _run_all(pool: ThreadPoolExecutor, jobs: list[tuple[Callable[..., Transfer],
-                 tuple[Any, ...], dict[str, Any]]]) -> list[Transfer]:
+    def _run_all(pool: ThreadPoolExecutor, jobs: list[_Job]) -> list[Transfer]:
         if not jobs:
             return []
         if len(jobs) == 1:
