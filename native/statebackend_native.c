@@ -234,7 +234,7 @@ static column_t *columns_parse(PyObject *columns, Py_ssize_t n, int encode, Py_s
     return cols;
 }
 
-/* The bytes of an "obj" item: 1 = present, 0 = null (None or NaN), -1 = error. A str's
+/* The bytes of an "obj" item: 1 = present, 0 = null (None, NaN, pd.NA), -1 = error. A str's
  * UTF-8 form is cached by CPython (free for ASCII strings); lone surrogates raise
  * UnicodeEncodeError like str.encode("utf-8") in the twin. */
 static inline int obj_bytes(PyObject *o, const char **p, Py_ssize_t *n) {
@@ -254,6 +254,8 @@ static inline int obj_bytes(PyObject *o, const char **p, Py_ssize_t *n) {
         return 1;
     }
     if (PyFloat_Check(o) && isnan(PyFloat_AS_DOUBLE(o))) return 0;
+    /* pandas' missing-value singleton, without importing pandas. */
+    if (strcmp(Py_TYPE(o)->tp_name, "NAType") == 0) return 0;
     PyErr_Format(PyExc_TypeError,
                  "expected str, bytes or None in a string/binary key column, got %.100s",
                  Py_TYPE(o)->tp_name);

@@ -13,7 +13,7 @@ headers):
 
         ("i32", int32 array, mask | None)      hashInt
         ("i64", int64 array, mask | None)      hashLong
-        ("obj", list)                          str (UTF-8) / bytes / None (null) / NaN (null)
+        ("obj", list)                          str (UTF-8) / bytes; None, NaN, pd.NA are null
         ("a32" | "a64", offsets, data, mask | None)
                                                Arrow (large_)string/binary buffers: offsets
                                                is int32/int64 of length n + 1, data uint8
@@ -174,6 +174,8 @@ def _obj_bytes(item: Any) -> bytes | None:
     if isinstance(item, (bytes, bytearray)):
         return bytes(item)
     if isinstance(item, float) and math.isnan(item):
+        return None
+    if type(item).__name__ == "NAType":  # pandas' missing value, without importing pandas
         return None
     raise TypeError(
         f"expected str, bytes or None in a string/binary key column, got {type(item).__name__}")

@@ -342,6 +342,8 @@ def _bytes_spec(col: Any, type_: str) -> tuple:
             import pyarrow as pa
 
             return _arrow_bytes_spec(pa.array(col), type_)
+        if isinstance(dtype, np.dtype) and dtype.kind == "O":  # the kernels read None, NaN and pd.NA as nulls themselves
+            return ("obj", col.tolist())
         return ("obj", col.to_numpy(dtype=object, na_value=None).tolist())
     if isinstance(col, np.ndarray):
         return ("obj", col.tolist())

@@ -122,7 +122,8 @@ def test_input_forms_agree() -> None:
     expect = [key_group([v], ["string"], 100) for v in strs]
     for col in (strs, np.array(strs, dtype=object), pd.Series(strs),
                 pd.Series(strs, dtype="string"), pa.array(strs), pa.array(strs, pa.large_string()),
-                pd.Series([v if v is not None else float("nan") for v in strs], dtype=object)):
+                pd.Series([v if v is not None else float("nan") for v in strs], dtype=object),
+                pd.Series([v if v is not None else pd.NA for v in strs], dtype=object)):
         assert key_groups([col], ["string"], 100).tolist() == expect
     days = ["2020-01-01", None, "1969-12-31"]
     expect = [key_group([None if d is None else dt.date.fromisoformat(d)], ["date"], 100)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -50,11 +51,10 @@ def columns(draw: st.DrawFn, n: int, for_encode: bool) -> tuple:
         return (kind, np.array(bits, dtype=np.uint32 if kind == "f32" else np.uint64), mask_arr)
     items = draw(st.lists(st.one_of(st.none(), TEXT if kind != "obj_bytes" else st.binary(max_size=40)),
                           min_size=n, max_size=n))
-    if kind == "obj":
-        return ("obj", items)
-    if kind == "obj_bytes":
-        return ("obj", items + [] if draw(st.booleans()) else
-                [float("nan") if v is None else v for v in items])
+    if kind in ("obj", "obj_bytes"):
+        # None, NaN and pd.NA are all nulls in an object column.
+        null = draw(st.sampled_from([None, float("nan"), pd.NA]))
+        return ("obj", [null if v is None else v for v in items])
     # Arrow: a slice of a longer array, so offsets do not start at 0.
     pad = draw(st.integers(0, 3))
     arr = pa.array(["pad"] * pad + items, pa.large_string() if kind == "large_arrow" else pa.string())
