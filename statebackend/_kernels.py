@@ -328,26 +328,28 @@ def py_encode_keys(columns: Sequence[tuple], key_groups: np.ndarray) -> list[byt
 # --- choose the implementation -------------------------------------------------------
 
 
-def _load_native() -> ModuleType | None:
-    if os.environ.get("STATEBACKEND_NO_NATIVE", "") not in ("", "0"):
-        return None  # an explicit choice: no warning
+def _load_native() -> tuple[ModuleType | None, bool]:
+    """(the compiled module or None, whether the names below should use it)."""
+    forced_off = os.environ.get("STATEBACKEND_NO_NATIVE", "") not in ("", "0")
     try:
         from . import _native as mod  # type: ignore[attr-defined]
     except ImportError as exc:
-        # Import runs once per process, so this warns once per process.
-        warnings.warn(
-            f"statebackend: native kernels unavailable ({exc}); using the slower pure-Python "
-            "twins. Rebuild with `pip install -e .` (needs a C compiler) to get them.",
-            RuntimeWarning, stacklevel=2)
-        return None
-    return mod
+        if not forced_off:  # forcing the twins is an explicit choice: nothing to warn about
+            # Import runs once per process, so this warns once per process.
+            warnings.warn(
+                f"statebackend: native kernels unavailable ({exc}); using the slower "
+                "pure-Python twins. Rebuild with `pip install -e .` (needs a C compiler) "
+                "to get them.", RuntimeWarning, stacklevel=2)
+        return None, False
+    return mod, not forced_off
 
 
-native: ModuleType | None = _load_native()
-"""The compiled module, or None when the twins are in use."""
+native, _use_native = _load_native()
+"""The compiled module when it imports (even if ``STATEBACKEND_NO_NATIVE`` is set, so
+tests can compare it with the twins), else None."""
 
-BACKEND: str = "native" if native is not None else "python"
+BACKEND: str = "native" if _use_native else "python"
 """Which implementation the names below are bound to: "native" or "python"."""
 
-hash_columns = native.hash_columns if native is not None else py_hash_columns
-encode_keys = native.encode_keys if native is not None else py_encode_keys
+hash_columns = native.hash_columns if native is not None and _use_native else py_hash_columns
+encode_keys = native.encode_keys if native is not None and _use_native else py_encode_keys

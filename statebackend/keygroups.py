@@ -591,13 +591,14 @@ class KeyGroupRange:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise OptionsError(name, v, f"a key-group range {name} must be an int, got {v!r}")
+            object.__setattr__(self, name, int(v))  # numpy ints become plain ints
         if self.start < 0 or self.end < self.start - 1 or self.end >= MAX_MAX_PARALLELISM:
             raise OptionsError("end", self.end,
                                f"invalid key-group range {self.start}..{self.end}: need "
                                f"0 <= start <= end + 1 and end < {MAX_MAX_PARALLELISM}")
 
     def __contains__(self, kg: object) -> bool:
-        return isinstance(kg, (int, np.integer)) and self.start <= kg <= self.end
+        return isinstance(kg, (int, np.integer)) and bool(self.start <= kg <= self.end)
 
     def __len__(self) -> int:
         return max(0, self.end - self.start + 1)

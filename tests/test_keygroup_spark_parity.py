@@ -181,6 +181,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
         monkeypatch.setattr(_kernels, "hash_columns", _kernels.py_hash_columns)
     else:
         assert _kernels.native is not None, "the native extension must be built for this test"
+        monkeypatch.setattr(_kernels, "hash_columns", _kernels.native.hash_columns)
     return str(request.param)
 
 
