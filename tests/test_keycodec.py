@@ -68,7 +68,7 @@ def _local_roundtrip_ok(t: str, v: object) -> bool:
     return back.replace(microsecond=v.microsecond) == v
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(typed_keys(), st.integers(0, MAX_MAX_PARALLELISM - 1), st.binary(max_size=8))
 def test_round_trip(key: tuple[list[str], tuple], kg: int, tail: bytes) -> None:
     types, values = key
@@ -83,7 +83,7 @@ def test_round_trip(key: tuple[list[str], tuple], kg: int, tail: bytes) -> None:
     assert encode_grouping_key(got, types, kg) == data
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3).flatmap(
     lambda ts: st.tuples(typed_keys(ts), typed_keys(ts))))
 def test_prefix_free(pair: tuple) -> None:

@@ -78,7 +78,7 @@ def hash_cases(draw: st.DrawFn) -> tuple:
     return cols, np.array(seeds, dtype=np.int32), max_p
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(hash_cases())
 def test_hash_columns_equals_twin(case: tuple) -> None:
     cols, seeds, max_p = case
@@ -98,7 +98,7 @@ def encode_cases(draw: st.DrawFn) -> tuple:
     return cols, np.array(kgs, dtype=np.int32)
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(encode_cases())
 def test_encode_keys_equals_twin(case: tuple) -> None:
     cols, kgs = case
