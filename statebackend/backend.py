@@ -204,6 +204,31 @@ class RocksDBStateBackend:
             done.extend(complete_pending(self.coordinator(op)))
         return done
 
+    def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
+        """Totals over the partitions of a completed checkpoint (rows, keys, bytes uploaded
+        and reused, slowest sync/async part, restore sources), from its manifests."""
+        from .storage.manifests import read_manifest
+
+        coord = self.coordinator(operator_id)
+        record = coord.get(checkpoint_id)
+        out: dict[str, Any] = {"rows": 0, "keys": 0, "bytes_uploaded": 0, "bytes_reused": 0,
+                               "sync_ms": 0.0, "async_ms": 0.0, "full_size": 0}
+        sources: dict[str, int] = {}
+        for path in record.manifests.values():
+            m = read_manifest(coord.store, path, operator_id=operator_id)
+            met = m.metrics
+            out["rows"] += int(met.get("rows", 0))
+            out["keys"] += int(met.get("keys", 0))
+            out["bytes_uploaded"] += m.incremental_size
+            out["bytes_reused"] += m.full_size - m.incremental_size
+            out["full_size"] += m.full_size
+            out["sync_ms"] = max(out["sync_ms"], 1000 * float(met.get("sync_duration_s", 0)))
+            out["async_ms"] = max(out["async_ms"], 1000 * float(met.get("async_duration_s", 0)))
+            src = str(met.get("restore", {}).get("source", "?")).split(".")[-1].lower()
+            sources[src] = sources.get(src, 0) + 1
+        out["restore_sources"] = ",".join(f"{k}:{v}" for k, v in sorted(sources.items()))
+        return out
+
     # --- internals ----------------------------------------------------------------------
 
     def _config(self, df: DataFrame, keys: list[str], operator_id: str) -> OperatorConfig:

@@ -21,8 +21,8 @@ from pyspark.sql.types import StructType
 from ..state.backend import KeyedStateBackend
 from .task import BatchContext, KeyGroups
 
-STATE_NAME = "_group_state"
-TIMEOUT_NAME = "_group_timeout"
+STATE_NAME = "groupState"
+TIMEOUT_NAME = "groupStateTimeout"
 
 
 def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGroups,

@@ -96,9 +96,12 @@ def watermark_of(df: DataFrame) -> tuple[str, int] | None:
     while stack:
         node = stack.pop()
         if node.getClass().getSimpleName() == "EventTimeWatermark":
+            from py4j.java_gateway import get_field
+
             delay = node.delay()
-            days = delay.months * 31 + delay.days
-            delay_ms = days * 86_400_000 + delay.microseconds // 1000
+            # Spark counts a month as 31 days when it turns a watermark delay into ms
+            days = get_field(delay, "months") * 31 + get_field(delay, "days")
+            delay_ms = days * 86_400_000 + get_field(delay, "microseconds") // 1000
             return node.eventTime().name(), int(delay_ms)
         children = node.children()
         for i in range(children.size()):

@@ -23,6 +23,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
+from ..errors import StateError
 from ..state.backend import KeyedStateBackend
 from .task import BatchContext, KeyGroups
 
@@ -33,18 +34,29 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
     The states returned here follow the implicit current key, exactly as PySpark's do.
     """
 
-    def __init__(self, backend: KeyedStateBackend) -> None:  # noqa: D107 - no API client
+    def __init__(self, backend: KeyedStateBackend, time_mode: str = "None") -> None:  # noqa: D107
         self._backend = backend
+        self._time_mode = time_mode
+
+    def _ttl(self, state: str, ttl: int | None) -> int | None:
+        # as Spark: TTL is measured in processing time, which timeMode "None" does not have
+        if ttl is not None and self._time_mode.lower() == "none":
+            raise StateError(f"cannot use TTL for state {state!r} in timeMode 'None': use "
+                             f"timeMode 'ProcessingTime' (or 'EventTime')")
+        return ttl
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        return self._backend.value_state(stateName, schema, ttl_ms=ttlDurationMs)
+        return self._backend.value_state(stateName, schema,
+                                         ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        return self._backend.list_state(stateName, schema, ttl_ms=ttlDurationMs)
+        return self._backend.list_state(stateName, schema,
+                                        ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,
                     ttlDurationMs: int | None = None):
-        return self._backend.map_state(stateName, userKeySchema, valueSchema, ttl_ms=ttlDurationMs)
+        return self._backend.map_state(stateName, userKeySchema, valueSchema,
+                                       ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._backend.register_timer(int(expiryTimestampMs))
@@ -85,7 +97,7 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
                   initial: KeyGroups | None = None) -> list:
     """Drive one batch of one partition; returns the outputs (frames, or Rows)."""
     out: list = []
-    processor.init(RocksDBProcessorHandle(backend))
+    processor.init(RocksDBProcessorHandle(backend, time_mode))
     tv = timer_values(ctx, time_mode)
     try:
         if initial is not None:

@@ -16,7 +16,7 @@ from ..keycodec import encode_grouping_keys
 from ..keygroups import key_groups
 from ..state.backend import KeyedStateBackend
 
-STATE_NAME = "_vector_state"
+STATE_NAME = "columnState"
 
 
 class KeyedColumnState:

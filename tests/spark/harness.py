@@ -11,7 +11,8 @@ import pandas as pd
 def write_batches(input_dir: str, batches: list[pd.DataFrame]) -> None:
     os.makedirs(input_dir, exist_ok=True)
     for i, pdf in enumerate(batches):
-        pdf.to_parquet(os.path.join(input_dir, f"part-{i:05d}.parquet"), index=False)
+        pdf.to_parquet(os.path.join(input_dir, f"part-{i:05d}.parquet"), index=False,
+                       coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads us, not ns
 
 
 def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_dir: str,

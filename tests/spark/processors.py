@@ -208,3 +208,4 @@ class FailOnce(RunningCount):
                 and tc.getLocalProperty("streaming.sql.batchId") == "1"):
             raise RuntimeError("injected failure on the first attempt")
         yield from out
+
