@@ -87,6 +87,7 @@ def spark_session(master: str, partitions: int):
 
     spark = (SparkSession.builder.master(master).appName("statebackend-demo")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")  # our own line per batch instead
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.sql.shuffle.partitions", str(partitions))
              .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")

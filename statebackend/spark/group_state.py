@@ -70,7 +70,7 @@ def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGr
             timeout.update((int(ts),))
             backend.register_timer(int(ts))
 
-    backend.prefetch(groups.key_bytes)
+    # no prefetch: rocksdict multi-get measured slower than single gets here (see notes)
     for i in range(len(groups)):
         backend.set_current_key(groups.key_bytes[i])
         call(groups.keys[i], [groups.rows(i)], False)
