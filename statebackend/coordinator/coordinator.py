@@ -530,7 +530,7 @@ class CheckpointCoordinator:
                 start = min(self._registry.checkpoints)
         # Sweeps first: they move the watermark, and a crash before it is persisted only
         # repeats them.
-        w = start
+        w: int | None = None
         for k in range(start, latest):
             with self._lock:
                 reg = self._registry
@@ -543,10 +543,13 @@ class CheckpointCoordinator:
                 report.deleted += self._delete(doomed)
                 report.swept.append(k)
                 # Files only an attempt of the latest checkpoint references may become
-                # garbage later; keep this directory in the next sweep until then.
-                if any(p in protected and not reg.is_referenced(p) for p in listing):
-                    break
-                w = k + 1
+                # garbage later: the watermark stays at the first such directory, so the
+                # next collection sweeps it (and the ones after it) again.
+                if w is None and any(p in protected and not reg.is_referenced(p)
+                                     for p in listing):
+                    w = k
+        if w is None:
+            w = max(start, latest)
         with self._lock:
             if w != self._watermark:
                 self.store.put_bytes_atomic(self._abs(WATERMARK_PATH),
