@@ -40,11 +40,13 @@ __all__ = [
     "COMPACTION_STYLES",
     "COMPRESSION_CODECS",
     "PREDEFINED_PROFILES",
+    "RESTART_STRATEGIES",
     "SNAPSHOT_COMPRESSIONS",
     "SPARK_CONF_PREFIX",
     "StateBackendOptions",
     "TIMER_SERVICES",
     "default_max_parallelism",
+    "parse_duration",
     "parse_size",
 ]
 
@@ -64,6 +66,9 @@ SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")
+RESTART_STRATEGIES = ("none", "fixed-delay", "exponential-delay", "failure-rate")
+_RESTART_PREFIX = "restart-strategy."
+_INT_MAX = 2**31 - 1
 
 # Key groups are stored as a big-endian prefix of every key, and the rescale math needs a
 # fixed upper bound; 32768 is the same bound Flink uses and keeps the prefix at 2 bytes.
@@ -108,6 +113,47 @@ def parse_size(value: int | str) -> int:
     raise ValueError(f"not a size: {value!r}")
 
 
+# --- durations ------------------------------------------------------------------------
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|min|mins|m|h|d)?\s*$",
+                          re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "min": 60.0,
+                   "mins": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: float | str) -> float:
+    """A duration in seconds from a number of seconds or a string such as ``"500ms"``,
+    ``"10 s"``, ``"1min"``, ``"1h"``.
+
+    Parameters
+    ----------
+    value : float or int or str
+        Seconds as a number, or a number followed by an optional unit ``ms``, ``s``,
+        ``min`` (or ``m``), ``h``, ``d`` (case-insensitive; no unit means seconds).
+
+    Returns
+    -------
+    float
+        The duration in seconds.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is not a finite number or a duration string (bools are refused).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"a bool is not a duration: {value!r}")
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(float(value)):
+            raise ValueError(f"not a finite duration: {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "").lower()]
+    raise ValueError(f"not a duration: {value!r}")
+
+
 # --- per-field specification ------------------------------------------------------------
 
 
@@ -115,7 +161,7 @@ def parse_size(value: int | str) -> int:
 class _Spec:
     """How one field is validated, documented and named in a Spark configuration."""
 
-    kind: str  # "int", "size", "float", "bool", "choice", "codecs", "path"
+    kind: str  # "int", "size", "float", "duration", "bool", "choice", "codecs", "path"
     doc: str
     optional: bool = False
     low: float | None = None
@@ -124,6 +170,7 @@ class _Spec:
     upper: bool = False  # choices are stored upper-case (else lower-case)
     rocksdb: bool = False  # lives under spark.statebackend.rocksdb.
     extra_ok: tuple[Any, ...] = ()  # values allowed outside [low, high], e.g. -1
+    key: str | None = None  # explicit short key (e.g. restart-strategy.type), else derived
 
 
 def _opt(default: Any, doc: str, kind: str, **spec: Any) -> Any:
@@ -171,7 +218,9 @@ def _accepted(spec: _Spec) -> str:
         text = "a non-empty path string"
     else:
         what = {"int": "an int", "float": "a number",
-                "size": "a size in bytes (int, or a string like '64m', '1g', '512k')"}[spec.kind]
+                "size": "a size in bytes (int, or a string like '64m', '1g', '512k')",
+                "duration": "a duration in seconds (number, or a string like '500ms', "
+                            "'10s', '1min', '1h')"}[spec.kind]
         fmt = _fmt_bytes if spec.kind == "size" else (lambda x: f"{x:g}")
         bounds = []
         if spec.low is not None:
@@ -231,6 +280,13 @@ def _normalise(name: str, value: Any, spec: _Spec) -> Any:
             raise _fail(name, value, spec, "not finite")
         _check_range(name, value, value, spec)
         return value
+    if kind == "duration":
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise _fail(name, value, spec, f"got {type(value).__name__}") from None
+        _check_range(name, seconds, value, spec)
+        return seconds
     if kind == "choice":
         if not isinstance(value, str):
             raise _fail(name, value, spec, f"got {type(value).__name__}")
@@ -323,6 +379,34 @@ class StateBackendOptions:
         Bytes per process shared by the block cache and write buffers of every instance.
     write_buffer_ratio : float, default 0.5
         Share of ``memory_budget`` for write buffers (0 < ratio < 1).
+    restart_strategy : {"none", "fixed-delay", "exponential-delay", "failure-rate"}
+        How a supervised query (:func:`statebackend.supervisor.supervise`) is restarted
+        after a failure; default "exponential-delay". Spark key
+        ``spark.statebackend.restart-strategy.type``; the fields below are read only by
+        their strategy. Durations are seconds (numbers, or strings like ``"500ms"``,
+        ``"1min"``).
+    restart_fixed_delay_attempts : int, default 1
+        fixed-delay: restarts allowed in total.
+    restart_fixed_delay : float, default 1.0
+        fixed-delay: seconds between a failure and its restart.
+    restart_exponential_initial_backoff : float, default 1.0
+        exponential-delay: backoff of the first restart, seconds.
+    restart_exponential_max_backoff : float, default 60.0
+        exponential-delay: largest backoff before jitter, seconds.
+    restart_exponential_multiplier : float, default 1.5
+        exponential-delay: growth of the backoff per restart.
+    restart_exponential_jitter : float, default 0.1
+        exponential-delay: the delay is drawn from backoff * [1 - jitter, 1 + jitter].
+    restart_exponential_reset_threshold : float, default 3600.0
+        exponential-delay: a run this long without failure resets backoff and attempts.
+    restart_exponential_attempts : int, default 2147483647
+        exponential-delay: restarts allowed before the backoff is reset.
+    restart_failure_rate_max_failures : int, default 1
+        failure-rate: failures tolerated per interval.
+    restart_failure_rate_interval : float, default 60.0
+        failure-rate: length of the sliding window, seconds.
+    restart_failure_rate_delay : float, default 1.0
+        failure-rate: seconds between a failure and its restart.
     """
 
     parallelism: int | None = _opt(
@@ -409,6 +493,51 @@ class StateBackendOptions:
         0.5, "Share of memory_budget reserved for write buffers (memtables) when "
         "bounded_memory is on.", "float", low=0.01, high=0.99, rocksdb=True)
 
+    # Restart strategies of a supervised query (statebackend.supervisor), named and
+    # defaulted as Flink's with checkpointing on; under spark.statebackend.restart-strategy.
+    restart_strategy: str = _opt(
+        "exponential-delay", "How a supervised query is restarted after a failure: 'none', "
+        "'fixed-delay', 'exponential-delay' or 'failure-rate'.", "choice",
+        choices=RESTART_STRATEGIES, key=_RESTART_PREFIX + "type")
+    restart_fixed_delay_attempts: int = _opt(
+        1, "fixed-delay: restarts allowed in total before the query fails for good.", "int",
+        low=0, high=_INT_MAX, key=_RESTART_PREFIX + "fixed-delay.attempts")
+    restart_fixed_delay: float = _opt(
+        1.0, "fixed-delay: seconds between a failure and the restart.", "duration",
+        low=0, key=_RESTART_PREFIX + "fixed-delay.delay")
+    restart_exponential_initial_backoff: float = _opt(
+        1.0, "exponential-delay: backoff of the first restart, in seconds.", "duration",
+        low=0.001, key=_RESTART_PREFIX + "exponential-delay.initial-backoff")
+    restart_exponential_max_backoff: float = _opt(
+        60.0, "exponential-delay: largest backoff (before jitter), in seconds.", "duration",
+        low=0.001, key=_RESTART_PREFIX + "exponential-delay.max-backoff")
+    restart_exponential_multiplier: float = _opt(
+        1.5, "exponential-delay: factor the backoff grows by per restart.", "float",
+        low=1.0, high=1000.0, key=_RESTART_PREFIX + "exponential-delay.backoff-multiplier")
+    restart_exponential_jitter: float = _opt(
+        0.1, "exponential-delay: jitter factor; each delay is drawn uniformly from "
+        "backoff * [1 - jitter, 1 + jitter].", "float", low=0.0, high=1.0,
+        key=_RESTART_PREFIX + "exponential-delay.jitter-factor")
+    restart_exponential_reset_threshold: float = _opt(
+        3600.0, "exponential-delay: a failure this many seconds after the last restart "
+        "resets the backoff and the attempt count.", "duration", low=0.001,
+        key=_RESTART_PREFIX + "exponential-delay.reset-backoff-threshold")
+    restart_exponential_attempts: int = _opt(
+        _INT_MAX, "exponential-delay: restarts allowed before the backoff is reset; one "
+        "more failure then fails the query for good.", "int", low=0, high=_INT_MAX,
+        key=_RESTART_PREFIX + "exponential-delay.attempts-before-reset-backoff")
+    restart_failure_rate_max_failures: int = _opt(
+        1, "failure-rate: failures tolerated within the interval; one more fails the query "
+        "for good.", "int", low=1, high=_INT_MAX,
+        key=_RESTART_PREFIX + "failure-rate.max-failures-per-interval")
+    restart_failure_rate_interval: float = _opt(
+        60.0, "failure-rate: length of the sliding window failures are counted in, in "
+        "seconds.", "duration", low=0.001,
+        key=_RESTART_PREFIX + "failure-rate.failure-rate-interval")
+    restart_failure_rate_delay: float = _opt(
+        1.0, "failure-rate: seconds between a failure and the restart.", "duration", low=0,
+        key=_RESTART_PREFIX + "failure-rate.delay")
+
     # --- validation -------------------------------------------------------------------
 
     def __post_init__(self) -> None:
@@ -431,6 +560,13 @@ class StateBackendOptions:
                 f"when bounded_memory is False. With bounded memory the shared cache is "
                 f"sized from {_label('memory_budget')!r}; set that instead, or set "
                 f"{_label('bounded_memory')!r} to False.")
+        if self.restart_exponential_max_backoff < self.restart_exponential_initial_backoff:
+            key = _label("restart_exponential_max_backoff")
+            raise OptionsError(
+                key, self.restart_exponential_max_backoff,
+                f"Option {key!r}: invalid value {self.restart_exponential_max_backoff!r}; "
+                f"expected at least {_label('restart_exponential_initial_backoff')!r} "
+                f"({self.restart_exponential_initial_backoff:g}s).")
 
     # --- construction ------------------------------------------------------------------
 
@@ -443,6 +579,8 @@ class StateBackendOptions:
     def short_key(cls, name: str) -> str:
         """The short form of field ``name``: ``max-parallelism``, ``rocksdb.block-size``."""
         spec = _spec(name)
+        if spec.key is not None:
+            return spec.key
         dashed = name.replace("_", "-")
         return _ROCKSDB_PREFIX + dashed if spec.rocksdb else dashed
 
@@ -725,6 +863,11 @@ def _from_conf_value(name: str, key: str, raw: Any) -> Any:
     if spec.kind == "float":
         try:
             return float(text)
+        except ValueError:
+            raise bad from None
+    if spec.kind == "duration":
+        try:
+            return parse_duration(text)
         except ValueError:
             raise bad from None
     if spec.kind == "bool":
