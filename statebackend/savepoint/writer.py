@@ -1,0 +1,313 @@
+"""Writing savepoints: one data file per RocksDB instance, and whole savepoints from a
+completed checkpoint.
+
+A savepoint is taken from a *completed* checkpoint, so the running query is never paused:
+each partition's checkpoint files are downloaded (or hard-linked from the local copy) into
+a scratch directory, opened there, and written out key group by key group. The caller
+pins the checkpoint meanwhile (:meth:`RocksDBStateBackend.savepoint` does) so retention
+cannot delete its files half-way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ..checkpoint.manifest import (
+    CompletedCheckpoint,
+    PartitionManifest,
+    StateDescriptor,
+    check_component,
+    completed_record_path,
+)
+from ..checkpoint.restore import download_checkpoint
+from ..errors import CheckpointNotFoundError, CorruptStateError, StorageError
+from ..keycodec import key_group_bounds
+from ..keygroups import KeyGroupRange
+from ..rocksdb.instance import RocksDBInstance
+from ..storage.base import DurableStore
+from ..storage.manifests import operator_store, read_manifest
+from .format import (
+    GLOBAL_KEY_GROUP,
+    MAGIC,
+    SAVEPOINT_MANIFEST,
+    BlockInfo,
+    FileMeta,
+    SavepointManifest,
+    compress,
+    data_file_name,
+    encode_block,
+    encode_footer,
+)
+
+__all__ = [
+    "GLOBAL_COLUMN_FAMILIES",
+    "SAVEPOINTS_DIR",
+    "FileStats",
+    "create_savepoint",
+    "savepoint_dir",
+    "write_data_file",
+]
+
+log = logging.getLogger(__name__)
+
+SAVEPOINTS_DIR = "_savepoints"
+"""Under the operator root; the coordinator's retention and sweeps never look here."""
+
+GLOBAL_COLUMN_FAMILIES = frozenset({"_meta"})
+"""Column families whose keys do not start with a key group (the state layer's
+descriptors and timer-service marker): restored into every partition."""
+
+_BLOCK_TARGET = 1 << 20  # a key group larger than this is still one block: readers seek by key group
+
+
+def savepoint_dir(name: str) -> str:
+    """Directory of savepoint ``name``, relative to the operator root."""
+    return f"{SAVEPOINTS_DIR}/{check_component(name)}"
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """What writing one data file produced."""
+
+    path: str
+    entries: int
+    raw_bytes: int
+    stored_bytes: int
+    blocks: int
+    seconds: float
+
+
+def write_data_file(instance: RocksDBInstance, path: str, kg_range: KeyGroupRange,
+                    max_parallelism: int, states: Sequence[StateDescriptor] = (),
+                    compression: str = "snappy") -> FileStats:
+    """Write the entries of ``kg_range`` of every column family of ``instance`` to ``path``.
+
+    Blocks are written key group by key group (all column families of key group ``g``,
+    then ``g + 1``), so a reader restoring a key-group range reads one contiguous byte
+    range of the file.
+
+    Parameters
+    ----------
+    instance : RocksDBInstance
+        An open instance (not written while this runs).
+    path : str
+        Local file to create.
+    kg_range : KeyGroupRange
+        Key groups the file covers (those of the instance's partition).
+    max_parallelism : int
+        Key groups of the state.
+    states : sequence of StateDescriptor
+        Declared states, recorded in the file.
+    compression : {"snappy", "none"}
+        Per-block compression.
+
+    Returns
+    -------
+    FileStats
+    """
+    t0 = time.perf_counter()
+    compress(b"", compression)  # refuse an unknown compression before writing anything
+    cfs = sorted(instance.column_family_names())
+    blocks: list[BlockInfo] = []
+    raw_total = stored_total = entries_total = 0
+    with open(path, "wb") as out:
+        out.write(MAGIC)
+        offset = len(MAGIC)
+
+        def emit(cf_idx: int, kg: int, entries: list[tuple[bytes, bytes]]) -> None:
+            nonlocal offset, raw_total, stored_total, entries_total
+            raw, n = encode_block(entries)
+            stored = compress(raw, compression)
+            out.write(stored)
+            blocks.append(BlockInfo(cf_idx, kg, offset, len(stored), len(raw), n,
+                                    zlib.crc32(stored)))
+            offset += len(stored)
+            raw_total += len(raw)
+            stored_total += len(stored)
+            entries_total += n
+
+        for i, cf in enumerate(cfs):
+            if cf in GLOBAL_COLUMN_FAMILIES:
+                entries = list(instance.scan_range(cf, b"", None))
+                if entries:
+                    emit(i, GLOBAL_KEY_GROUP, entries)
+        if not kg_range.is_empty:
+            _write_keyed(instance, cfs, kg_range, emit)
+        out.write(encode_footer(
+            FileMeta(max_parallelism, kg_range.start, kg_range.end, compression, tuple(cfs),
+                     tuple(states)), blocks, offset))
+        out.flush()
+        os.fsync(out.fileno())
+    return FileStats(path, entries_total, raw_total, stored_total, len(blocks),
+                     time.perf_counter() - t0)
+
+
+def _write_keyed(instance: RocksDBInstance, cfs: list[str], kg_range: KeyGroupRange,
+                 emit: Callable[[int, int, list[tuple[bytes, bytes]]], None]) -> None:
+    """Merge one range scan per column family into key-group-major blocks."""
+    start, end = key_group_bounds(kg_range)
+    scans: dict[int, Iterator[tuple[bytes, bytes]]] = {}
+    heads: dict[int, tuple[bytes, bytes] | None] = {}
+    for i, cf in enumerate(cfs):
+        if cf in GLOBAL_COLUMN_FAMILIES:
+            continue
+        scans[i] = instance.scan_range(cf, start, end)
+        heads[i] = next(scans[i], None)
+    while True:
+        live = [h[0][:2] for h in heads.values() if h is not None]
+        if not live:
+            return
+        prefix = min(live)
+        kg = int.from_bytes(prefix, "big")
+        for i in sorted(heads):
+            head = heads[i]
+            if head is None or head[0][:2] != prefix:
+                continue
+            entries = []
+            it = scans[i]
+            while head is not None and head[0][:2] == prefix:
+                entries.append(head)
+                head = next(it, None)
+            heads[i] = head
+            emit(i, kg, entries)
+
+
+# --- whole savepoints -----------------------------------------------------------------
+
+
+def _read_record(op_store: DurableStore, operator_id: str,
+                 checkpoint_id: int) -> CompletedCheckpoint:
+    path = completed_record_path(checkpoint_id)
+    try:
+        return CompletedCheckpoint.from_json(op_store.get_bytes(path), where=path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of operator {operator_id!r} "
+                                      f"is not completed (no {path})") from None
+
+
+def create_savepoint(root: DurableStore, operator_id: str, name: str | None = None, *,
+                     checkpoint_id: int | None = None, compression: str = "snappy",
+                     local_root: str | None = None,
+                     open_instance: Callable[[str], RocksDBInstance] = RocksDBInstance,
+                     ) -> SavepointManifest:
+    """Write savepoint ``name`` of ``operator_id`` from a completed checkpoint.
+
+    Parameters
+    ----------
+    root : DurableStore
+        Rooted at the backend root.
+    operator_id : str
+        The operator.
+    name : str, optional
+        Savepoint name (letters, digits, ``._=-``); default ``sp-<checkpoint id>-<ms>``.
+    checkpoint_id : int, optional
+        The completed checkpoint to copy; default the latest.
+    compression : {"snappy", "none"}
+        Per-block compression.
+    local_root : str, optional
+        Scratch space (a temporary directory by default).
+    open_instance : callable
+        ``path -> RocksDBInstance``.
+
+    Returns
+    -------
+    SavepointManifest
+        As published at ``<operator_id>/_savepoints/<name>/_SAVEPOINT.json``.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No such completed checkpoint.
+    StorageError
+        A savepoint of that name already exists, or an upload failed (nothing published).
+    """
+    t0 = time.perf_counter()
+    op_store = operator_store(root, operator_id)
+    if checkpoint_id is None:
+        from ..coordinator.coordinator import read_latest_record
+
+        record = read_latest_record(root, operator_id)
+        if record is None:
+            raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
+                                          f"checkpoint to take a savepoint from")
+    else:
+        record = _read_record(op_store, operator_id, checkpoint_id)
+    name = name or f"sp-{record.checkpoint_id}-{int(time.time() * 1000)}"
+    sp_dir = savepoint_dir(name)
+    if op_store.exists(f"{sp_dir}/{SAVEPOINT_MANIFEST}") or op_store.list_dir(sp_dir):
+        raise StorageError(f"savepoint {name!r} of operator {operator_id!r} already exists "
+                           f"under {sp_dir}; savepoints are never overwritten, pick another name")
+    scratch = tempfile.mkdtemp(prefix="sb-savepoint-", dir=local_root)
+    files: dict[str, dict] = {}
+    states: dict[str, StateDescriptor] = {}
+    raw = stored = entries = 0
+    try:
+        for p in sorted(record.manifests):
+            m = read_manifest(op_store, record.manifests[p], operator_id=operator_id)
+            rng = KeyGroupRange(m.key_group_start, m.key_group_end)
+            fname = data_file_name(rng.start, rng.end)
+            local_file = os.path.join(scratch, fname)
+            stats = _write_partition(op_store, m, scratch, local_file, rng, compression,
+                                     open_instance)
+            t = op_store.put_file(local_file, f"{sp_dir}/{fname}")
+            os.unlink(local_file)
+            files[fname] = {"key_group_start": rng.start, "key_group_end": rng.end,
+                            "size": t.size, "checksum": t.checksum, "partition": p,
+                            "entries": stats.entries}
+            for d in m.states:
+                states.setdefault(d.name, d)
+            raw += stats.raw_bytes
+            stored += stats.stored_bytes
+            entries += stats.entries
+        manifest = SavepointManifest(
+            name=name, operator_id=operator_id, checkpoint_id=record.checkpoint_id,
+            parallelism=record.parallelism, max_parallelism=record.max_parallelism,
+            compression=compression, files=files,
+            states=tuple(states[k] for k in sorted(states)),
+            metrics={"entries": entries, "raw_bytes": raw, "stored_bytes": stored,
+                     "seconds": time.perf_counter() - t0,
+                     "max_event_time_ms": _max_event_time(op_store, record)},
+            created_at_ms=int(time.time() * 1000))
+        # Published last (invariant 3): a reader never sees a savepoint missing a file.
+        op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log.info("savepoint %s of %s from checkpoint %d: %d entries, %d -> %d bytes",
+             name, operator_id, record.checkpoint_id, entries, raw, stored)
+    return manifest
+
+
+def _max_event_time(op_store: DurableStore, record: CompletedCheckpoint) -> int | None:
+    best = None
+    for path in record.manifests.values():
+        try:
+            v = read_manifest(op_store, path).metrics.get("max_event_time_ms")
+        except (FileNotFoundError, CorruptStateError):
+            continue
+        if v is not None:
+            best = int(v) if best is None else max(best, int(v))
+    return best
+
+
+def _write_partition(op_store: DurableStore, m: PartitionManifest, scratch: str,
+                     local_file: str, rng: KeyGroupRange, compression: str,
+                     open_instance: Callable[[str], RocksDBInstance]) -> FileStats:
+    d = os.path.join(scratch, f"p{m.partition}")
+    os.makedirs(d)
+    try:
+        download_checkpoint(op_store, m, d)
+        inst = open_instance(d)
+        try:
+            return write_data_file(inst, local_file, rng, m.max_parallelism, m.states,
+                                   compression)
+        finally:
+            inst.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
