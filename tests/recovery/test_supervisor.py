@@ -1,0 +1,172 @@
+"""The supervisor against fake queries: restarts as the strategy says, logs each decision
+with its reason, gives up with the last error, never restarts what a restart cannot fix."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from statebackend.errors import (
+    CorruptStateError,
+    IncompatibleStateError,
+    RestartsExhaustedError,
+    StorageError,
+)
+from statebackend.recovery.restart import ExponentialDelay, FixedDelay, ManualClock, NoRestart
+from statebackend.supervisor import is_recoverable, supervise
+
+
+class FakeQuery:
+    """Runs for ``run_s`` seconds of the manual clock, then fails with ``error`` (or ends)."""
+
+    def __init__(self, clock: ManualClock, run_s: float, error: BaseException | None) -> None:
+        self.clock, self.run_s, self.error = clock, run_s, error
+        self.isActive = True
+        self.stopped = False
+
+    def awaitTermination(self, timeout=None):
+        self.clock.advance(self.run_s)
+        self.isActive = False
+        if self.error is not None:
+            raise self.error
+        return None
+
+    def exception(self):
+        return None
+
+    def stop(self):
+        self.stopped = True
+
+
+def starter(clock: ManualClock, errors: list[BaseException | None], run_s: float = 1.0):
+    queries: list[FakeQuery] = []
+
+    def start():
+        q = FakeQuery(clock, run_s, errors[len(queries)])
+        queries.append(q)
+        return q
+
+    return start, queries
+
+
+def test_survives_three_failures_under_exponential_delay(caplog) -> None:
+    clock = ManualClock()
+    errors = [RuntimeError("boom 1"), StorageError("outage"), RuntimeError("boom 3"), None]
+    start, queries = starter(clock, errors)
+    strategy = ExponentialDelay(1.0, 60.0, 2.0, 0.1, 3600.0, rng=random.Random(3))
+    with caplog.at_level(logging.WARNING, logger="statebackend.supervisor"):
+        result = supervise(start, strategy, clock=clock)
+    assert result.starts == 4 and len(queries) == 4
+    assert result.query is queries[-1]
+    assert [f.start for f in result.failures] == [0, 1, 2]
+    assert [str(f.error) for f in result.failures] == ["boom 1", "outage", "boom 3"]
+    for f, backoff in zip(result.failures, (1.0, 2.0, 4.0)):
+        assert f.decision.restart
+        assert backoff * 0.9 <= f.decision.delay_s <= backoff * 1.1
+    assert clock.sleeps == [f.decision.delay_s for f in result.failures]
+    # every decision logged with its reason
+    restarts = [r for r in caplog.records if "restarting" in r.getMessage()]
+    assert len(restarts) == 3
+    assert all("exponential-delay: restart" in r.getMessage() for r in restarts)
+
+
+def test_gives_up_with_the_last_error_when_the_strategy_says_so(caplog) -> None:
+    clock = ManualClock()
+    errors: list[BaseException | None] = [RuntimeError(f"boom {i}") for i in range(5)]
+    start, queries = starter(clock, errors)
+    with caplog.at_level(logging.ERROR, logger="statebackend.supervisor"):
+        with pytest.raises(RestartsExhaustedError) as info:
+            supervise(start, FixedDelay(2, 5.0), clock=clock)
+    assert len(queries) == 3
+    assert str(info.value.__cause__) == "boom 2"
+    assert "all 2 restart attempts used" in str(info.value)
+    assert len(info.value.failures) == 3
+    assert clock.sleeps == [5.0, 5.0]
+    assert any("giving up" in r.getMessage() for r in caplog.records)
+
+
+def test_no_restart_strategy_fails_on_first_error() -> None:
+    clock = ManualClock()
+    start, queries = starter(clock, [RuntimeError("x"), None])
+    with pytest.raises(RestartsExhaustedError):
+        supervise(start, NoRestart(), clock=clock)
+    assert len(queries) == 1 and clock.sleeps == []
+
+
+def test_a_query_that_ends_cleanly_is_not_restarted() -> None:
+    clock = ManualClock()
+    start, queries = starter(clock, [None])
+    result = supervise(start, FixedDelay(3, 1), clock=clock)
+    assert result.starts == 1 and result.failures == [] and clock.sleeps == []
+
+
+def test_failure_to_start_counts_as_a_failure() -> None:
+    clock = ManualClock()
+    calls = []
+
+    def start():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("cluster not reachable")
+        return FakeQuery(clock, 1, None)
+
+    result = supervise(start, FixedDelay(1, 0.5), clock=clock)
+    assert result.starts == 2 and len(result.failures) == 1
+    assert isinstance(result.failures[0].error, ConnectionError)
+
+
+def test_unfixable_errors_end_supervision_at_once() -> None:
+    clock = ManualClock()
+    start, queries = starter(clock, [IncompatibleStateError("max_parallelism changed"), None])
+    with pytest.raises(RestartsExhaustedError, match="cannot be fixed by a restart") as info:
+        supervise(start, FixedDelay(10, 1), clock=clock)
+    assert isinstance(info.value.__cause__, IncompatibleStateError)
+    assert len(queries) == 1 and clock.sleeps == []
+
+
+def test_recoverable_classification() -> None:
+    assert is_recoverable(RuntimeError("x"))
+    assert is_recoverable(StorageError("outage"))
+    assert is_recoverable(CorruptStateError("bad file"))  # may be an outage: strategy decides
+    assert not is_recoverable(IncompatibleStateError("x"))
+    wrapped = RuntimeError("wrapper")
+    wrapped.__cause__ = IncompatibleStateError("inner")
+    assert not is_recoverable(wrapped)
+    # how a worker's error reaches the driver: as text in a JVM exception
+    assert not is_recoverable(RuntimeError(
+        "Job aborted ... File \"runner.py\" ...\nstatebackend.errors.IncompatibleStateError: "
+        "state was written with max_parallelism=128"))
+    assert is_recoverable(RuntimeError("statebackend.errors.StorageError: upload failed"))
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.completed = 0
+
+    def complete(self):
+        self.completed += 1
+        return []
+
+    def operator_ids(self):
+        return ["op"]
+
+    def coordinator(self, op):
+        backend = self
+
+        class C:
+            def latest(self_inner):
+                class R:
+                    checkpoint_id = backend.completed - 1
+                return R() if backend.completed else None
+        return C()
+
+
+def test_pending_checkpoints_are_completed_and_recorded_before_each_restart() -> None:
+    clock = ManualClock()
+    backend = FakeBackend()
+    start, _ = starter(clock, [RuntimeError("a"), RuntimeError("b"), None])
+    result = supervise(start, FixedDelay(5, 0), backend=backend, clock=clock)
+    assert backend.completed == 2
+    assert [f.last_completed for f in result.failures] == [{"op": 0}, {"op": 1}]
