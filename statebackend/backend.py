@@ -229,6 +229,51 @@ class RocksDBStateBackend:
         out["restore_sources"] = ",".join(f"{k}:{v}" for k, v in sorted(sources.items()))
         return out
 
+    # --- failure handling ---------------------------------------------------------------
+
+    def operator_ids(self) -> list[str]:
+        """Operators this backend has planned or coordinated so far (in this driver)."""
+        with self._lock:
+            return sorted(self._coordinators)
+
+    def supervise(self, start_query: Callable[[], Any], strategy: Any = None, *,
+                  clock: Any = None) -> Any:
+        """Run ``start_query()`` (which builds and starts a streaming query over this
+        backend) and restart it after failures as the restart strategy of the options says;
+        see :func:`statebackend.supervisor.supervise`.
+
+        Parameters
+        ----------
+        start_query : callable
+            Returns a started ``StreamingQuery``; called again for every restart, with the
+            same Spark ``checkpointLocation``.
+        strategy : RestartStrategy, optional
+            Default: :func:`~statebackend.recovery.restart.strategy_from_options` of this
+            backend's options (explicit ones, else the active session's
+            ``spark.statebackend.restart-strategy.*`` conf).
+        clock : Clock, optional
+            Time source and sleep (tests pass a manual clock).
+
+        Returns
+        -------
+        SupervisionResult
+
+        Raises
+        ------
+        RestartsExhaustedError
+            The strategy gave up; ``__cause__`` is the last failure.
+        """
+        from .recovery.restart import strategy_from_options
+        from .supervisor import supervise
+
+        if strategy is None:
+            opts = self._explicit_options
+            if opts is None:
+                active = SparkSession.getActiveSession()
+                opts = self.options_for(active) if active is not None else StateBackendOptions()
+            strategy = strategy_from_options(opts)
+        return supervise(start_query, strategy, backend=self, clock=clock)
+
     # --- internals ----------------------------------------------------------------------
 
     def _config(self, df: DataFrame, keys: list[str], operator_id: str) -> OperatorConfig:
