@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..checkpoint.manifest import (
@@ -16,6 +17,7 @@ from ..checkpoint.manifest import (
     completed_record_path,
 )
 from ..errors import IncompatibleStateError
+from ..metrics import rocksdb_properties
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
@@ -148,7 +150,11 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         backend.purge_expired()
         backend.flush()
         metrics = {"restore": _as_dict(restore_metrics), "rows": 0 if pdf is None else len(pdf),
-                   "keys": len(groups), "processing_time_ms": ptime}
+                   "keys": len(groups), "processing_time_ms": ptime,
+                   # readers of the state (read_state, the CLI) decode grouping keys with these
+                   "key_columns": list(config.key.columns), "key_types": list(config.key.types),
+                   # before the checkpoint flushes, while the instance is open
+                   "rocksdb": rocksdb_properties(instance)}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
         checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
@@ -158,7 +164,32 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
               time.perf_counter() - t0)
     if out:
-        yield pd.concat(out, ignore_index=True) if len(out) > 1 else out[0]
+        yield concat_frames(out)
+
+
+def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One frame from many small ones (typically one per key).
+
+    ``pd.concat`` costs ~45 us per input frame here; when every frame has the same
+    columns with plain numpy dtypes, concatenating the column arrays costs ~15 us.
+    """
+    if len(frames) == 1:
+        return frames[0]
+    first = frames[0]
+    cols = list(first.columns)
+    dtypes = list(first.dtypes)
+    try:
+        if all(isinstance(d, np.dtype) for d in dtypes) and first.columns.is_unique:
+            parts: list[list[np.ndarray]] = [[] for _ in cols]
+            for f in frames:
+                if list(f.columns) != cols or list(f.dtypes) != dtypes:
+                    raise ValueError("mixed frames")
+                for i, arr in enumerate(f._mgr.column_arrays):
+                    parts[i].append(arr)
+            return pd.DataFrame({c: np.concatenate(p) for c, p in zip(cols, parts)}, columns=cols)
+    except (AttributeError, ValueError):
+        pass
+    return pd.concat(frames, ignore_index=True)
 
 
 def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None) -> int:
