@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 
 from .checkpoint.manifest import check_component
 from .errors import OptionsError
+from .metrics import record_checkpoint
 from .options import StateBackendOptions, default_max_parallelism
 from .spark import plan
 from .spark.group_state import check_timeout_conf, run_group_function
@@ -229,6 +230,34 @@ class RocksDBStateBackend:
         out["restore_sources"] = ",".join(f"{k}:{v}" for k, v in sorted(sources.items()))
         return out
 
+    def checkpoint_metrics(self, operator_id: str, checkpoint_id: int | None = None):
+        """Metrics of a completed checkpoint (the latest by default), aggregated over its
+        partitions: see :class:`statebackend.metrics.CheckpointStats`."""
+        from .errors import CheckpointNotFoundError
+        from .metrics import checkpoint_stats
+
+        coord = self.coordinator(operator_id)
+        if checkpoint_id is None:
+            latest = coord.latest()
+            if latest is None:
+                raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
+                                              f"checkpoint under {self.checkpoint_location}")
+            checkpoint_id = latest.checkpoint_id
+        return checkpoint_stats(coord.store, operator_id, checkpoint_id)
+
+    def read_state(self, spark: SparkSession, operator_id: str,
+                   checkpoint_id: int | None = None, state_name: str | None = None) -> DataFrame:
+        """The state of a completed checkpoint as a DataFrame of (partition_id, key,
+        state_name, user_key, value, expiration_ms), like Spark's ``statestore`` source.
+
+        See :func:`statebackend.spark.read_state.read_state`.
+        """
+        from .spark.read_state import read_state
+
+        return read_state(spark, self.checkpoint_location, operator_id,
+                          checkpoint_id=checkpoint_id, state_name=state_name,
+                          storage_options=self.storage_options or None)
+
     # --- failure handling ---------------------------------------------------------------
 
     def operator_ids(self) -> list[str]:
@@ -329,6 +358,8 @@ def complete_pending(coordinator) -> list:
         if record is None:
             break
         done.append(record)
+        # aggregated, written beside the checkpoint and logged once; never raises
+        record_checkpoint(coordinator.store, record)
         n += 1
     return done
 

@@ -1,0 +1,650 @@
+"""``statebackend``: inspect, verify, garbage-collect and read checkpoints, without Spark.
+
+    statebackend list     URL [OPERATOR]              operators, or an operator's checkpoints
+    statebackend describe URL OPERATOR [ID]            partitions, files, shared/private bytes
+    statebackend verify   URL OPERATOR [ID]            every file there, right size and CRC32
+    statebackend gc       URL OPERATOR --dry-run       what retention would delete
+    statebackend read     URL OPERATOR -o out.parquet  dump state to Parquet or CSV
+    statebackend metrics  URL OPERATOR                 per-checkpoint metrics (JSON lines)
+
+``URL`` is the backend's ``checkpoint_location`` (a path or any fsspec URL). Nothing here
+writes to the store except ``gc`` without ``--dry-run``.
+
+Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
+3 no such operator or checkpoint; 4 storage failure or unreadable state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .checkpoint.manifest import (
+    CHECKPOINTS_DIR,
+    CompletedCheckpoint,
+    PartitionManifest,
+    check_component,
+    completed_record_path,
+)
+from .errors import CheckpointNotFoundError, StateBackendError, StorageError
+from .storage.base import DurableStore, StoreFileNotFoundError, Transfer
+from .storage.checksum import crc32_stream
+
+__all__ = ["main", "Problem", "RecordingStore", "run_gc", "verify_checkpoints"]
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_ERROR = 0, 1, 2, 3, 4
+
+_RECORD = re.compile(r"^chk-(\d+)\.json$")
+_PIN = re.compile(r"^chk-(\d+)$")
+
+
+# --- output helpers ----------------------------------------------------------------------
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(rows: list[list[Any]], header: list[str], out: TextIO) -> None:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for r in cells:
+        out.write("  ".join(c.rjust(w) if i else c.ljust(w)
+                            for i, (c, w) in enumerate(zip(r, widths))).rstrip() + "\n")
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
+
+    def __init__(self, label: str, total: int, enabled: bool) -> None:
+        self.label, self.total, self.enabled, self.done = label, total, enabled, 0
+
+    def update(self, done: int | None = None, total: int | None = None) -> None:
+        self.done = self.done + 1 if done is None else done
+        if total is not None:
+            self.total = total
+        if not self.enabled:
+            return
+        width = 30
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * width)
+        sys.stderr.write(f"\r{self.label} [{bar:<{width}}] {self.done}/{self.total}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+# --- reading the operator's records (read-only; no coordinator, which would delete) ------
+
+
+def _records(store: DurableStore, op: str) -> dict[int, CompletedCheckpoint]:
+    out = {}
+    for rel in store.list_dir(f"{op}/{CHECKPOINTS_DIR}"):
+        m = _RECORD.match(rel.rsplit("/", 1)[-1])
+        if m and rel == f"{op}/{completed_record_path(int(m.group(1)))}":
+            try:
+                out[int(m.group(1))] = CompletedCheckpoint.from_json(store.get_bytes(rel),
+                                                                     where=rel)
+            except FileNotFoundError:
+                continue  # discarded by a running coordinator between listing and reading
+    return dict(sorted(out.items()))
+
+
+def _pins(store: DurableStore, op: str) -> set[int]:
+    out = set()
+    for rel in store.list_dir(f"{op}/_pins"):
+        m = _PIN.match(rel.rsplit("/", 1)[-1])
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+def _record(store: DurableStore, op: str, checkpoint_id: int | None) -> CompletedCheckpoint:
+    records = _records(store, op)
+    if not records:
+        raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
+                                      f"{store.root} (check the URL and the operator id; "
+                                      f"'statebackend list URL' shows the operators)")
+    if checkpoint_id is None:
+        return records[max(records)]
+    if checkpoint_id not in records:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of {op!r} is not a retained "
+                                      f"completed checkpoint; retained: {sorted(records)}")
+    return records[checkpoint_id]
+
+
+def _manifests(store: DurableStore, op: str, record: CompletedCheckpoint
+               ) -> dict[int, PartitionManifest]:
+    from .storage.manifests import read_manifest
+
+    return {p: read_manifest(store, rel, operator_id=op)
+            for p, rel in sorted(record.manifests.items())}
+
+
+def _operators(store: DurableStore) -> list[str]:
+    """Operator directories under the root: those holding a ``_checkpoints`` directory."""
+    fs = getattr(store, "fs", None)
+    if fs is None:
+        raise StateBackendError("this store cannot list operators; name the operator")
+    root = store.root
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for e in entries:
+        if e.get("type") != "directory":
+            continue
+        name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+        try:
+            check_component(name)
+        except StateBackendError:
+            continue
+        if fs.exists(f"{root}/{name}/{CHECKPOINTS_DIR}"):
+            out.append(name)
+    return sorted(out)
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing ``verify`` found wrong."""
+
+    checkpoint_id: int
+    partition: int | None
+    path: str  # relative to the operator root
+    what: str  # missing | size | checksum | manifest
+
+    def __str__(self) -> str:
+        where = f"checkpoint {self.checkpoint_id}" + (
+            f" partition {self.partition}" if self.partition is not None else "")
+        return f"{where}: {self.path}: {self.what}"
+
+
+def _checksum(store: DurableStore, path: str) -> str:
+    fs = getattr(store, "fs", None)
+    full = getattr(store, "full_path", None)
+    if fs is not None and full is not None:
+        # Stream once, without the store's retries: a wrong checksum is an answer here.
+        with fs.open(full(path), "rb") as fh:
+            return crc32_stream(fh)[1]
+    with tempfile.TemporaryDirectory() as d:
+        return store.get_file(path, os.path.join(d, "f")).checksum
+
+
+def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[int] | None = None,
+                       *, checksums: bool = True,
+                       progress: Callable[[int, int], None] | None = None
+                       ) -> tuple[list[Problem], int, int]:
+    """Check that every file the chosen manifests reference exists with its recorded size
+    (and CRC32 when ``checksums``). A file shared by several checkpoints is read once.
+
+    Returns
+    -------
+    tuple of (list of Problem, int, int)
+        The problems, the number of distinct files checked and their recorded bytes.
+    """
+    from .storage.manifests import read_manifest
+
+    records = _records(store, op)
+    if checkpoint_ids is None:
+        checkpoint_ids = list(records)
+    if not records:
+        raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
+                                      f"{store.root}")
+    problems: list[Problem] = []
+    todo: dict[str, tuple[int, int, Any]] = {}
+    for n in checkpoint_ids:
+        if n not in records:
+            raise CheckpointNotFoundError(f"checkpoint {n} of {op!r} is not a retained "
+                                          f"completed checkpoint; retained: {sorted(records)}")
+        for p, rel in sorted(records[n].manifests.items()):
+            try:
+                m = read_manifest(store, rel, operator_id=op)
+            except StateBackendError as exc:
+                problems.append(Problem(n, p, rel, f"manifest unreadable ({exc})"))
+                continue
+            for f in m.files:
+                todo.setdefault(f.path, (n, p, f))
+    done = 0
+    total_bytes = 0
+    for path, (n, p, f) in sorted(todo.items()):
+        total_bytes += f.size
+        got = store.size(f"{op}/{path}")
+        if got is None:
+            problems.append(Problem(n, p, path, "missing"))
+        elif got != f.size:
+            problems.append(Problem(n, p, path, f"size {got} bytes, recorded {f.size}"))
+        elif checksums:
+            try:
+                crc = _checksum(store, f"{op}/{path}")
+            except (OSError, StorageError) as exc:
+                problems.append(Problem(n, p, path, f"unreadable ({exc})"))
+            else:
+                if crc != f.checksum:
+                    problems.append(Problem(n, p, path, f"checksum {crc}, recorded {f.checksum}"))
+        done += 1
+        if progress is not None:
+            progress(done, len(todo))
+    return problems, len(todo), total_bytes
+
+
+# --- gc --dry-run -----------------------------------------------------------------------
+
+
+class RecordingStore(DurableStore):
+    """A store that records what is deleted; with ``dry_run`` it only pretends.
+
+    Reads go to ``inner``. With ``dry_run`` (the default), writes and deletes change only
+    an in-memory overlay, so running the real
+    :class:`~statebackend.coordinator.CheckpointCoordinator` over it gives exactly the
+    deletions a real run would make now, with nothing changed. Either way ``deleted``
+    lists the paths deleted (relative to the store root).
+    """
+
+    def __init__(self, inner: DurableStore, dry_run: bool = True) -> None:
+        self.inner = inner
+        self.root = inner.root
+        self.dry_run = dry_run
+        self.deleted: list[str] = []
+        self._gone: set[str] = set()
+        self._written: dict[str, bytes] = {}
+
+    def put_file(self, local_path: str, path: str) -> Transfer:
+        raise StorageError("garbage collection uploads nothing")
+
+    def get_file(self, path: str, local_path: str, *, size: int | None = None,
+                 checksum: str | None = None) -> Transfer:
+        if path in self._gone:
+            raise StoreFileNotFoundError(path)
+        return self.inner.get_file(path, local_path, size=size, checksum=checksum)
+
+    def put_bytes_atomic(self, path: str, data: bytes) -> None:
+        if not self.dry_run:
+            self.inner.put_bytes_atomic(path, data)
+            return
+        self._written[path] = data
+        self._gone.discard(path)
+
+    def get_bytes(self, path: str) -> bytes:
+        if path in self._gone:
+            raise StoreFileNotFoundError(path)
+        if path in self._written:
+            return self._written[path]
+        return self.inner.get_bytes(path)
+
+    def exists(self, path: str) -> bool:
+        return self.size(path) is not None
+
+    def size(self, path: str) -> int | None:
+        if path in self._gone:
+            return None
+        if path in self._written:
+            return len(self._written[path])
+        return self.inner.size(path)
+
+    def delete(self, paths: Iterable[str]) -> None:
+        paths = list(paths)
+        for p in paths:
+            if p not in self._gone and (p in self._written or self.inner.exists(p)):
+                self.deleted.append(p)
+        if not self.dry_run:
+            self.inner.delete(paths)
+            return
+        for p in paths:
+            self._gone.add(p)
+            self._written.pop(p, None)
+
+    def list_dir(self, path: str) -> list[str]:
+        listed = {p for p in self.inner.list_dir(path) if p not in self._gone}
+        listed |= {p for p in self._written if p.startswith(path.rstrip("/") + "/")}
+        return sorted(listed)
+
+
+def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = True
+           ) -> tuple[list[str], list[int]]:
+    """Apply retention and garbage collection as the coordinator does (``dry_run``: only
+    compute what it would delete now, changing nothing).
+
+    It runs the coordinator itself (its rebuild finishes pending work and collects), so
+    the answer is the coordinator's, not a re-implementation of it.
+
+    Returns
+    -------
+    tuple of (list of str, list of int)
+        Paths (relative to the store root) deleted, and the checkpoints dropped.
+    """
+    from .coordinator import CheckpointCoordinator
+
+    records = _records(store, op)
+    if not records:
+        raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
+                                      f"{store.root}")
+    latest = records[max(records)]
+    rec = RecordingStore(store, dry_run=dry_run)
+    coord = CheckpointCoordinator(rec, op, parallelism=latest.parallelism,
+                                  max_parallelism=latest.max_parallelism,
+                                  num_retained=num_retained)
+    coord.collect_garbage()  # idempotent: a second pass finds what the first one unblocked
+    coord.close()
+    dropped = sorted(set(records) - set(_records(rec, op)))
+    return sorted(set(rec.deleted)), dropped
+
+
+# --- commands ---------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace) -> DurableStore:
+    from .storage import open_store
+
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    return open_store(args.url, storage_options=opts)
+
+
+def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    store = _open(args)
+    if args.operator is None:
+        ops = _operators(store)
+        rows = []
+        for op in ops:
+            recs = _records(store, op)
+            last = recs[max(recs)] if recs else None
+            rows.append([op, len(recs), "-" if last is None else last.checkpoint_id,
+                         "-" if last is None else _size(last.full_size),
+                         "-" if last is None else _when(last.created_at_ms)])
+        if args.json:
+            out.write(json.dumps([dict(zip(["operator", "checkpoints", "latest", "size",
+                                            "created"], r)) for r in rows]) + "\n")
+        elif not rows:
+            out.write(f"no operators with completed checkpoints under {store.root}\n")
+        else:
+            _table(rows, ["operator", "checkpoints", "latest", "size", "created"], out)
+        return EXIT_OK
+    records = _records(store, args.operator)
+    if not records:
+        raise CheckpointNotFoundError(f"operator {args.operator!r} has no completed "
+                                      f"checkpoint under {store.root}")
+    pins = _pins(store, args.operator)
+    if args.json:
+        out.write(json.dumps([{"checkpoint_id": n, "parallelism": r.parallelism,
+                               "full_size": r.full_size, "incremental_size": r.incremental_size,
+                               "created_at_ms": r.created_at_ms, "pinned": n in pins}
+                              for n, r in records.items()]) + "\n")
+        return EXIT_OK
+    _table([[n, r.parallelism, _size(r.full_size), _size(r.incremental_size),
+             _when(r.created_at_ms), "pinned" if n in pins else ""]
+            for n, r in records.items()],
+           ["checkpoint", "partitions", "full size", "uploaded", "created (UTC)", ""], out)
+    return EXIT_OK
+
+
+def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
+    store = _open(args)
+    op = args.operator
+    record = _record(store, op, args.checkpoint)
+    manifests = _manifests(store, op, record)
+    rows = []
+    tot = {"files": 0, "shared": 0, "private": 0, "uploaded": 0, "rows": 0, "keys": 0}
+    parts = []
+    for p, m in manifests.items():
+        shared = sum(f.size for f in m.files if f.shared)
+        private = sum(f.size for f in m.files if not f.shared)
+        restore = (m.metrics.get("restore") or {}).get("source", "?")
+        d = {"partition": p, "attempt": m.attempt,
+             "key_groups": [m.key_group_start, m.key_group_end], "files": len(m.files),
+             "shared_bytes": shared, "private_bytes": private,
+             "uploaded_bytes": m.incremental_size, "rows": int(m.metrics.get("rows", 0)),
+             "keys": int(m.metrics.get("keys", 0)),
+             "restore": str(restore).split(".")[-1].lower(),
+             "base_checkpoint_id": m.base_checkpoint_id,
+             "file_list": [{"name": f.name, "path": f.path, "size": f.size, "shared": f.shared,
+                            "uploaded": f.uploaded, "checksum": f.checksum} for f in m.files]}
+        parts.append(d)
+        for k, v in (("files", len(m.files)), ("shared", shared), ("private", private),
+                     ("uploaded", m.incremental_size), ("rows", d["rows"]), ("keys", d["keys"])):
+            tot[k] += v
+        rows.append([p, f"{m.key_group_start}-{m.key_group_end}", len(m.files), _size(shared),
+                     _size(private), _size(m.incremental_size), d["rows"], d["keys"],
+                     d["restore"], m.attempt])
+    states = {d.name: d for m in manifests.values() for d in m.states}
+    if args.json:
+        out.write(json.dumps({"operator_id": op, "checkpoint_id": record.checkpoint_id,
+                              "parallelism": record.parallelism,
+                              "max_parallelism": record.max_parallelism,
+                              "created_at_ms": record.created_at_ms,
+                              "full_size": record.full_size,
+                              "incremental_size": record.incremental_size,
+                              "states": [vars(s) for s in states.values()],
+                              "partitions": parts}, default=str) + "\n")
+        return EXIT_OK
+    out.write(f"operator {op}, checkpoint {record.checkpoint_id} (created "
+              f"{_when(record.created_at_ms)}): {record.parallelism} partitions, "
+              f"{record.max_parallelism} key groups\n")
+    out.write(f"  {tot['files']} files, {_size(tot['shared'] + tot['private'])}: shared (SST) "
+              f"{_size(tot['shared'])}, private {_size(tot['private'])}; uploaded by this "
+              f"checkpoint {_size(tot['uploaded'])}; {tot['rows']} rows, {tot['keys']} keys\n")
+    for s in states.values():
+        schema = (f"({s.user_key_schema}) -> ({s.value_schema})" if s.kind == "map"
+                  else f"({s.value_schema})" if s.value_schema else "")
+        ttl = f" ttl={s.ttl_ms}ms" if s.ttl_ms is not None else ""
+        out.write(f"  state {s.name}: {s.kind}{schema}{ttl}\n")
+    out.write("\n")
+    _table(rows, ["partition", "key groups", "files", "shared", "private", "uploaded", "rows",
+                  "keys", "restore", "attempt"], out)
+    if args.files:
+        out.write("\n")
+        _table([[d["partition"], f["name"], f["size"], "shared" if f["shared"] else "private",
+                 "uploaded" if f["uploaded"] else "reused", f["path"]]
+                for d in parts for f in d["file_list"]],
+               ["partition", "file", "bytes", "kind", "", "path"], out)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    store = _open(args)
+    op = args.operator
+    ids = None if args.checkpoint is None else [args.checkpoint]
+    bar = Progress("verifying", 0, args.progress)
+    try:
+        problems, nfiles, nbytes = verify_checkpoints(
+            store, op, ids, checksums=not args.size_only,
+            progress=lambda d, t: bar.update(d, t))
+    finally:
+        bar.close()
+    if args.json:
+        out.write(json.dumps({"ok": not problems, "files": nfiles, "bytes": nbytes,
+                              "problems": [vars(p) for p in problems]}) + "\n")
+    else:
+        for p in problems:
+            out.write(f"BAD  {p}\n")
+        what = "sizes" if args.size_only else "sizes and checksums"
+        verdict = "OK" if not problems else f"{len(problems)} problem(s)"
+        out.write(f"{verdict}: checked {what} of {nfiles} files ({_size(nbytes)})\n")
+        if problems:
+            out.write("The checkpoints above cannot be restored as they are; restore from an "
+                      "older retained checkpoint or fix the files.\n")
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+    store = _open(args)
+    op = args.operator
+    paths, dropped = run_gc(store, op, args.num_retained, dry_run=args.dry_run)
+    if args.json:
+        out.write(json.dumps({"dry_run": args.dry_run, "checkpoints": dropped,
+                              "files": paths}) + "\n")
+        return EXIT_OK
+    verb = "would delete" if args.dry_run else "deleted"
+    out.write(f"{verb} {len(paths)} file(s); checkpoints dropped by retention "
+              f"(num_retained={args.num_retained}): {dropped or 'none'}\n")
+    for p in paths:
+        out.write(f"  {p}\n")
+    return EXIT_OK
+
+
+def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
+    from .spark.read_state import load_checkpoint, read_rows, rows_to_pandas
+
+    store = _open(args)
+    op = args.operator
+    key_types = args.key_types.split(",") if args.key_types else None
+    view = load_checkpoint(store, op, args.checkpoint, key_types=key_types)
+    parts = args.partition if args.partition else None
+    n = len(parts) if parts else len(view.manifests)
+    bar = Progress("reading partitions", n, args.progress)
+    try:
+        rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
+                              view=view, progress=lambda d, t: bar.update(d, t)))
+    finally:
+        bar.close()
+    frame = rows_to_pandas(rows, view, args.state)
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "csv":
+        frame.to_csv(out if args.output == "-" else args.output, index=False)
+    else:
+        if args.output == "-":
+            raise StateBackendError("Parquet cannot go to standard output; give a file name "
+                                    "or use --format csv")
+        frame.to_parquet(args.output, index=False)
+    if args.output != "-":
+        out.write(f"wrote {len(frame)} rows of checkpoint {view.record.checkpoint_id} "
+                  f"({'all states' if args.state is None else 'state ' + args.state}) to "
+                  f"{args.output}\n")
+    return EXIT_OK
+
+
+def cmd_metrics(args: argparse.Namespace, out: TextIO) -> int:
+    from .metrics import read_metrics
+
+    store = _open(args)
+    lines = read_metrics(store, args.operator, partitions=args.partitions)
+    if not lines:
+        raise CheckpointNotFoundError(f"no metrics recorded for operator {args.operator!r} "
+                                      f"under {store.root}")
+    for line in lines[-args.last:] if args.last else lines:
+        out.write(json.dumps(line, sort_keys=True) + "\n")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="statebackend", description="Inspect, verify, garbage-collect and read the "
+        "checkpoints of a statebackend RocksDB state location (no Spark needed).",
+        epilog="exit codes: 0 ok, 1 verify found problems, 2 bad usage, 3 no such operator "
+        "or checkpoint, 4 storage failure or unreadable state",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, operator: str = "required") -> None:
+        p.add_argument("url", metavar="URL", help="the backend's checkpoint_location")
+        if operator == "optional":
+            p.add_argument("operator", metavar="OPERATOR", nargs="?", default=None,
+                           help="operator id (omit to list operators)")
+        else:
+            p.add_argument("operator", metavar="OPERATOR", help="operator id")
+        p.add_argument("--storage-options", metavar="JSON",
+                       help="fsspec options as JSON, e.g. '{\"anon\": false}'")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def checkpoint_arg(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("checkpoint", metavar="ID", nargs="?", type=int, default=None,
+                       help=what)
+
+    def progress_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                       default=sys.stderr.isatty(),
+                       help="progress bar on stderr (default: when stderr is a terminal)")
+
+    p = sub.add_parser("list", help="operators, or the retained checkpoints of one")
+    common(p, "optional")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("describe", help="partitions, files, shared and private bytes")
+    common(p)
+    checkpoint_arg(p, "checkpoint id (default: the latest)")
+    p.add_argument("--files", action="store_true", help="also list every file")
+    p.set_defaults(func=cmd_describe)
+
+    p = sub.add_parser("verify", help="every referenced file exists with its size and CRC32")
+    common(p)
+    checkpoint_arg(p, "checkpoint id (default: every retained checkpoint)")
+    p.add_argument("--size-only", action="store_true", help="skip reading files for checksums")
+    progress_arg(p)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("gc", help="delete what retention drops (--dry-run: only show it)")
+    common(p)
+    p.add_argument("--dry-run", action="store_true", help="show, delete nothing")
+    p.add_argument("--num-retained", type=int, default=3, metavar="N",
+                   help="completed checkpoints to keep (the job's num_retained; default 3)")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("read", help="dump state to Parquet or CSV")
+    common(p)
+    p.add_argument("--checkpoint", type=int, default=None, help="default: the latest")
+    p.add_argument("--state", default=None,
+                   help="one state (typed columns); default every state, values as JSON")
+    p.add_argument("--partition", type=int, action="append",
+                   help="only this partition (repeatable)")
+    p.add_argument("-o", "--output", required=True,
+                   help="file to write (.parquet or .csv), or - for CSV on stdout")
+    p.add_argument("--format", choices=["parquet", "csv"], default=None)
+    p.add_argument("--key-types", default=None,
+                   help="grouping-key types, comma separated, if the checkpoint lacks them")
+    progress_arg(p)
+    p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("metrics", help="per-checkpoint metrics recorded beside the checkpoints")
+    common(p)
+    p.add_argument("--partitions", action="store_true", help="also per-partition lines")
+    p.add_argument("--last", type=int, default=0, metavar="N", help="only the last N")
+    p.set_defaults(func=cmd_metrics)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Entry point of the ``statebackend`` console script; returns the exit code."""
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args, out))
+    except CheckpointNotFoundError as exc:
+        sys.stderr.write(f"statebackend: {exc}\n")
+        return EXIT_NOT_FOUND
+    except json.JSONDecodeError as exc:
+        sys.stderr.write(f"statebackend: --storage-options is not valid JSON ({exc})\n")
+        return EXIT_USAGE
+    except (StateBackendError, OSError) as exc:
+        sys.stderr.write(f"statebackend: {type(exc).__name__}: {exc}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("statebackend: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

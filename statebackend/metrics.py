@@ -1,0 +1,390 @@
+"""Checkpoint metrics: captured per partition in the task, aggregated per checkpoint on
+the driver, written as JSON lines beside the checkpoints and logged as one line per batch.
+
+Where each number comes from
+----------------------------
+Every partition manifest carries the metrics of the task that published it (see
+:class:`statebackend.checkpoint.metrics.CheckpointMetrics` and the Spark runner):
+sync/async durations, bytes and files uploaded and reused, full and incremental size,
+the restore (source, duration, bytes downloaded), rows, keys, the batch's processing
+time, and the RocksDB properties read by :func:`rocksdb_properties` just before the
+checkpoint. :func:`checkpoint_stats` folds the chosen manifests of one completed
+checkpoint into a :class:`CheckpointStats`.
+
+Timing follows Flink's definitions. The *trigger* time of micro-batch ``b`` is Spark's
+batch timestamp (the ``processing_time_ms`` every task of the batch sees); a partition's
+*end to end* duration runs from the trigger to the publication of its manifest; its
+*start delay* is ``end_to_end - sync - async``: the time before the snapshot began
+(scheduling, restore and processing of the batch's rows).
+
+Durable layout (beside the checkpoints, under the operator root)::
+
+    _metrics/chk-<n>.jsonl   line 1: the checkpoint totals; then one line per partition
+
+One immutable file per checkpoint (object stores cannot append). These files are written
+after the checkpoint completed and are not referenced by any record, so retention never
+depends on them; :func:`read_metrics` reads them back in checkpoint order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the executor imports this module: keep its imports light
+    from .checkpoint.manifest import CompletedCheckpoint, PartitionManifest
+    from .rocksdb.instance import RocksDBInstance
+    from .storage.base import DurableStore
+
+__all__ = [
+    "METRICS_DIR",
+    "ROCKSDB_PROPERTIES",
+    "CheckpointStats",
+    "PartitionStats",
+    "checkpoint_stats",
+    "format_line",
+    "metrics_path",
+    "read_metrics",
+    "record_checkpoint",
+    "rocksdb_properties",
+    "write_metrics",
+]
+
+log = logging.getLogger("statebackend.metrics")
+
+METRICS_DIR = "_metrics"
+_NAME = re.compile(r"^chk-(\d+)\.jsonl$")
+
+#: Metric name -> (RocksDB property, how to combine column families). Per-column-family
+#: properties are summed; the block cache is shared by every column family (and by every
+#: instance of the process), so its usage is read once.
+ROCKSDB_PROPERTIES: dict[str, tuple[str, str]] = {
+    "estimated_keys": ("rocksdb.estimate-num-keys", "sum"),
+    "live_sst_bytes": ("rocksdb.live-sst-files-size", "sum"),
+    "memtable_bytes": ("rocksdb.cur-size-all-mem-tables", "sum"),
+    "block_cache_bytes": ("rocksdb.block-cache-usage", "max"),
+    "pending_compaction_bytes": ("rocksdb.estimate-pending-compaction-bytes", "sum"),
+}
+
+
+def metrics_path(checkpoint_id: int) -> str:
+    """Path of a checkpoint's metrics file, relative to the operator root."""
+    return f"{METRICS_DIR}/chk-{checkpoint_id}.jsonl"
+
+
+# --- executor side ---------------------------------------------------------------------
+
+
+def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
+    """RocksDB properties of an open instance, summed over its column families.
+
+    Read in the task before the checkpoint flushes (so ``memtable_bytes`` is what the
+    batch left in memory, and ``live_sst_bytes`` excludes it). A property RocksDB does not
+    report is left out rather than recorded as 0.
+
+    Parameters
+    ----------
+    instance : RocksDBInstance
+        The open working instance.
+
+    Returns
+    -------
+    dict of str to int
+        Keys of :data:`ROCKSDB_PROPERTIES` (those RocksDB reported).
+    """
+    out: dict[str, int] = {}
+    names = instance.column_family_names()
+    for metric, (prop, how) in ROCKSDB_PROPERTIES.items():
+        values = [v for v in (instance.property_int(prop, cf) for cf in names) if v is not None]
+        if values:
+            out[metric] = int(sum(values) if how == "sum" else max(values))
+    return out
+
+
+# --- driver side -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """What one partition's task did for one checkpoint (from its manifest).
+
+    Durations are milliseconds. ``end_to_end_ms`` and ``start_delay_ms`` are None when
+    the manifest does not say when the batch started (manifests of batch jobs written
+    before processing times were recorded).
+    """
+
+    partition: int
+    attempt: str
+    rows: int
+    keys: int
+    sync_ms: float
+    async_ms: float
+    end_to_end_ms: float | None
+    start_delay_ms: float | None
+    bytes_uploaded: int
+    files_uploaded: int
+    files_reused: int
+    bytes_reused: int
+    full_size: int
+    incremental_size: int
+    restore_source: str
+    restore_ms: float
+    restore_bytes_downloaded: int
+    rocksdb: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """One completed checkpoint, aggregated over its partitions.
+
+    Attributes
+    ----------
+    end_to_end_ms : float or None
+        From the batch's trigger to the last partition's publication (Flink's end to end).
+    sync_ms, async_ms, start_delay_ms : float
+        Maxima over partitions (the slowest partition is what delays a checkpoint).
+    full_size, incremental_size : int
+        Bytes the checkpoint references / bytes it uploaded.
+    restore_sources : dict
+        Partition count per restore source (``working_dir``, ``local_copy``, ``durable``,
+        ``empty``).
+    rocksdb : dict
+        RocksDB properties summed over partitions (block cache: the maximum).
+    """
+
+    operator_id: str
+    checkpoint_id: int
+    parallelism: int
+    trigger_ms: int | None
+    completed_at_ms: int
+    end_to_end_ms: float | None
+    sync_ms: float
+    async_ms: float
+    start_delay_ms: float | None
+    rows: int
+    keys: int
+    bytes_uploaded: int
+    files_uploaded: int
+    files_reused: int
+    bytes_reused: int
+    full_size: int
+    incremental_size: int
+    restore_sources: Mapping[str, int]
+    restore_ms: float
+    restore_bytes_downloaded: int
+    rocksdb: Mapping[str, int]
+    partitions: tuple[PartitionStats, ...] = ()
+
+    def to_dict(self, partitions: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        if not partitions:
+            d.pop("partitions")
+        return d
+
+
+def _source(restore: Mapping[str, Any]) -> str:
+    # RestoreSource is a str enum; older manifests may hold its repr ("RestoreSource.X")
+    return str(restore.get("source", "unknown")).split(".")[-1].lower()
+
+
+def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionStats:
+    """The stats of one manifest; ``trigger_ms`` is the batch's start (None: unknown)."""
+    met = m.metrics
+    sync_ms = 1000.0 * float(met.get("sync_duration_s", 0.0))
+    async_ms = 1000.0 * float(met.get("async_duration_s", 0.0))
+    e2e = start = None
+    if trigger_ms is not None and m.created_at_ms:
+        e2e = float(max(0, m.created_at_ms - trigger_ms))
+        start = max(0.0, e2e - sync_ms - async_ms)
+    restore = met.get("restore") or {}
+    rocks = {k: int(v) for k, v in (met.get("rocksdb") or {}).items()}
+    return PartitionStats(
+        partition=m.partition, attempt=m.attempt, rows=int(met.get("rows", 0)),
+        keys=int(met.get("keys", 0)), sync_ms=sync_ms, async_ms=async_ms,
+        end_to_end_ms=e2e, start_delay_ms=start,
+        bytes_uploaded=int(met.get("bytes_uploaded", m.incremental_size)),
+        files_uploaded=int(met.get("files_uploaded", sum(f.uploaded for f in m.files))),
+        files_reused=int(met.get("files_reused", sum(not f.uploaded for f in m.files))),
+        bytes_reused=m.full_size - m.incremental_size, full_size=m.full_size,
+        incremental_size=m.incremental_size, restore_source=_source(restore),
+        restore_ms=1000.0 * float(restore.get("duration_s", 0.0)),
+        restore_bytes_downloaded=int(restore.get("bytes_downloaded", 0)), rocksdb=rocks)
+
+
+def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest]
+              ) -> CheckpointStats:
+    """Fold the chosen manifests of a completed checkpoint into :class:`CheckpointStats`."""
+    ms = sorted(manifests, key=lambda m: m.partition)
+    # Every task of a micro-batch sees the same batch timestamp; a partition without rows
+    # falls back to its wall clock (later), so the minimum is the batch's trigger.
+    times = [int(m.metrics["processing_time_ms"]) for m in ms
+             if m.metrics.get("processing_time_ms") is not None]
+    trigger = min(times) if times else None
+    parts = tuple(partition_stats(m, trigger) for m in ms)
+    sources: dict[str, int] = {}
+    for p in parts:
+        sources[p.restore_source] = sources.get(p.restore_source, 0) + 1
+    rocks: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.rocksdb.items():
+            how = ROCKSDB_PROPERTIES.get(k, ("", "sum"))[1]
+            rocks[k] = max(rocks.get(k, v), v) if how == "max" else rocks.get(k, 0) + v
+    published = [m.created_at_ms for m in ms if m.created_at_ms]
+    e2e = None
+    if trigger is not None and published:
+        e2e = float(max(0, max(published) - trigger))
+    delays = [p.start_delay_ms for p in parts if p.start_delay_ms is not None]
+    return CheckpointStats(
+        operator_id=record.operator_id, checkpoint_id=record.checkpoint_id,
+        parallelism=record.parallelism, trigger_ms=trigger,
+        completed_at_ms=record.created_at_ms, end_to_end_ms=e2e,
+        sync_ms=max((p.sync_ms for p in parts), default=0.0),
+        async_ms=max((p.async_ms for p in parts), default=0.0),
+        start_delay_ms=max(delays) if delays else None,
+        rows=sum(p.rows for p in parts), keys=sum(p.keys for p in parts),
+        bytes_uploaded=sum(p.bytes_uploaded for p in parts),
+        files_uploaded=sum(p.files_uploaded for p in parts),
+        files_reused=sum(p.files_reused for p in parts),
+        bytes_reused=sum(p.bytes_reused for p in parts),
+        full_size=sum(p.full_size for p in parts),
+        incremental_size=sum(p.incremental_size for p in parts),
+        restore_sources=dict(sorted(sources.items())),
+        restore_ms=max((p.restore_ms for p in parts), default=0.0),
+        restore_bytes_downloaded=sum(p.restore_bytes_downloaded for p in parts),
+        rocksdb=dict(sorted(rocks.items())), partitions=parts)
+
+
+def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
+                     ) -> CheckpointStats:
+    """Read a completed checkpoint's record and manifests and aggregate them.
+
+    Parameters
+    ----------
+    store : DurableStore
+        Rooted at the backend root (the operator lives under ``operator_id/``).
+    operator_id : str
+        The operator's directory name.
+    checkpoint_id : int
+        A completed (and still retained) checkpoint.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        The checkpoint has no completed record, or a manifest it names is gone.
+    """
+    from .checkpoint.manifest import CompletedCheckpoint, completed_record_path
+    from .errors import CheckpointNotFoundError
+    from .storage.manifests import operator_store, read_manifest
+
+    ostore = operator_store(store, operator_id)
+    rel = completed_record_path(checkpoint_id)
+    try:
+        record = CompletedCheckpoint.from_json(ostore.get_bytes(rel), where=rel)
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of operator {operator_id!r} "
+                                      f"is not complete (no {rel} under {ostore.root})") from exc
+    return aggregate(record, [read_manifest(ostore, p) for p in record.manifests.values()])
+
+
+def format_line(s: CheckpointStats) -> str:
+    """The one log line of a completed checkpoint."""
+    def ms(v: float | None) -> str:
+        return "?" if v is None else f"{v:.0f}ms"
+
+    rocks = s.rocksdb
+    extra = ""
+    if rocks:
+        extra = (f" keys~{rocks.get('estimated_keys', 0)} sst={_size(rocks.get('live_sst_bytes', 0))}"
+                 f" memtable={_size(rocks.get('memtable_bytes', 0))}")
+    sources = ",".join(f"{k}:{v}" for k, v in s.restore_sources.items())
+    return (f"{s.operator_id} checkpoint {s.checkpoint_id}: {s.rows} rows, {s.keys} keys, "
+            f"e2e={ms(s.end_to_end_ms)} sync={ms(s.sync_ms)} async={ms(s.async_ms)} "
+            f"start_delay={ms(s.start_delay_ms)} uploaded={_size(s.bytes_uploaded)} "
+            f"({s.files_uploaded} files) reused={_size(s.bytes_reused)} ({s.files_reused} "
+            f"files) full={_size(s.full_size)} restore={sources} in {ms(s.restore_ms)}{extra}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def write_metrics(store: DurableStore, s: CheckpointStats) -> str:
+    """Publish ``s`` as ``_metrics/chk-<n>.jsonl`` under the operator root; returns the path.
+
+    Line 1 is the checkpoint (without partitions), then one line per partition.
+    """
+    from .storage.manifests import operator_store
+
+    lines = [json.dumps({"kind": "checkpoint", **s.to_dict(partitions=False)}, sort_keys=True)]
+    for p in s.partitions:
+        lines.append(json.dumps({"kind": "partition", "operator_id": s.operator_id,
+                                 "checkpoint_id": s.checkpoint_id, **asdict(p)},
+                                sort_keys=True))
+    rel = metrics_path(s.checkpoint_id)
+    ostore = operator_store(store, s.operator_id)
+    if ostore.exists(rel):
+        return rel  # completion ran twice (listener and planning): same content, keep it
+    ostore.put_bytes_atomic(rel, ("\n".join(lines) + "\n").encode())
+    return rel
+
+
+def record_checkpoint(store: DurableStore, record: CompletedCheckpoint
+                      ) -> CheckpointStats | None:
+    """Aggregate, write and log the metrics of a just-completed checkpoint.
+
+    Never raises: metrics must not fail a completion that already happened.
+    """
+    try:
+        s = checkpoint_stats(store, record.operator_id, record.checkpoint_id)
+        write_metrics(store, s)
+    except Exception:  # noqa: BLE001 - metrics are best effort by design
+        log.warning("metrics of checkpoint %d of %s could not be recorded",
+                    record.checkpoint_id, record.operator_id, exc_info=True)
+        return None
+    log.info("%s", format_line(s))
+    return s
+
+
+def read_metrics(store: DurableStore, operator_id: str, *, partitions: bool = False
+                 ) -> list[dict[str, Any]]:
+    """Every recorded metrics line of an operator, in checkpoint order.
+
+    Parameters
+    ----------
+    store : DurableStore
+        Rooted at the backend root.
+    operator_id : str
+        The operator's directory name.
+    partitions : bool
+        Also return the per-partition lines (``kind == "partition"``).
+
+    Returns
+    -------
+    list of dict
+        Parsed JSON lines; a malformed file is skipped with a warning.
+    """
+    from .storage.manifests import operator_store
+
+    ostore = operator_store(store, operator_id)
+    found = []
+    for rel in ostore.list_dir(METRICS_DIR):
+        m = _NAME.match(rel.rsplit("/", 1)[-1])
+        if m:
+            found.append((int(m.group(1)), rel))
+    out: list[dict[str, Any]] = []
+    for _n, rel in sorted(found):
+        try:
+            lines = [json.loads(x) for x in ostore.get_bytes(rel).decode().splitlines() if x]
+        except (FileNotFoundError, ValueError) as exc:
+            log.warning("skipping unreadable metrics file %s: %s", rel, exc)
+            continue
+        out.extend(x for x in lines if partitions or x.get("kind") == "checkpoint")
+    return out
