@@ -196,8 +196,7 @@ def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheck
                                      f"{missing} of its parallelism {record.parallelism}")
     # Largest overlap first; ties go to the lower old partition (deterministic).
     ordered = sorted(sources, key=lambda s: (-len(s[1]), s[0]))
-    manifests = {q: read_manifest(checkpointer.store, record.manifests[q],
-                                  operator_id=record.operator_id) for q, _ in sources}
+    manifests = {q: read_manifest(checkpointer.store, record.manifests[q]) for q, _ in sources}
     base_q = ordered[0][0]
     instance, base_metrics = checkpointer.restore(manifests[base_q])
     metrics = RescaleMetrics(p, (target.start, target.end), "rescaled_checkpoint", base_q,

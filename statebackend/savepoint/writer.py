@@ -250,7 +250,7 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     raw = stored = entries = 0
     try:
         for p in sorted(record.manifests):
-            m = read_manifest(op_store, record.manifests[p], operator_id=operator_id)
+            m = read_manifest(op_store, record.manifests[p])
             rng = KeyGroupRange(m.key_group_start, m.key_group_end)
             fname = data_file_name(rng.start, rng.end)
             local_file = os.path.join(scratch, fname)
