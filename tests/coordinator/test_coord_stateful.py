@@ -359,5 +359,5 @@ def test_coordinator_state_machine(new_store: Callable[[], DurableStore],
                                    request: pytest.FixtureRequest) -> None:
     # S3 round trips on a moto server cost milliseconds each: fewer, shorter runs there.
     kind = request.node.callspec.params["store_url"]
-    examples, steps = {"memory": (60, 40), "local": (25, 30), "s3": (4, 20)}[kind]
+    examples, steps = {"memory": (25, 40), "local": (40, 40), "s3": (4, 20)}[kind]
     _run(new_store, examples, steps)
