@@ -209,3 +209,25 @@ class FailOnce(RunningCount):
             raise RuntimeError("injected failure on the first attempt")
         yield from out
 
+
+
+class AllStates(StatefulProcessor):
+    """A running count (value), every x (list) and counts per x % 3 (map), for read_state."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "count BIGINT")
+        self.items = handle.getListState("items", "x BIGINT")
+        self.m = handle.getMapState("m", "sub BIGINT", "c BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        xs = [int(x) for pdf in rows for x in pdf["x"]]
+        old = self.count.get()
+        self.count.update((len(xs) + (old[0] if old else 0),))
+        self.items.appendList([(x,) for x in xs])
+        for x in xs:
+            c = self.m.getValue((x % 3,)) if self.m.containsKey((x % 3,)) else None
+            self.m.updateValue((x % 3,), ((c[0] if c else 0) + 1,))
+        yield pd.DataFrame({"k": [key[0]], "v": [len(xs)]})
+
+    def close(self):
+        pass
