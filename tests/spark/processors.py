@@ -231,3 +231,22 @@ class AllStates(StatefulProcessor):
 
     def close(self):
         pass
+
+
+class RowRunningCount(StatefulProcessor):
+    """The Row flavour (for ``transformWithState``): takes and yields pyspark Rows."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "count BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark.sql import Row
+
+        n = sum(1 for _ in rows)
+        old = self.count.get()
+        total = n + (old[0] if old is not None else 0)
+        self.count.update((total,))
+        yield Row(k=key[0], v=total)
+
+    def close(self):
+        pass

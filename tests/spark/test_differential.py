@@ -133,3 +133,11 @@ def test_state_files_exist_after_run(spark, tmp_path, stream_dir):
     latest = be.coordinator("rc").latest()
     assert latest is not None and latest.checkpoint_id == 3
     assert os.path.isdir(tmp_path / "state" / "rc")
+
+
+def test_row_flavour_processor(spark, tmp_path, stream_dir):
+    be = backend(tmp_path)
+    both(spark, tmp_path, stream_dir,
+         lambda df: df.groupBy("k").transformWithState(P.RowRunningCount(), OUT, "Update", "None"),
+         lambda df: be.transform_with_state(df.groupBy("k"), P.RowRunningCount(), OUT, "Update",
+                                            "None", flavour="row"))
