@@ -6,9 +6,10 @@
     statebackend gc       URL OPERATOR --dry-run       what retention would delete
     statebackend read     URL OPERATOR -o out.parquet  dump state to Parquet or CSV
     statebackend metrics  URL OPERATOR                 per-checkpoint metrics (JSON lines)
+    statebackend savepoint URL OPERATOR [--name N]     self-contained savepoint of a checkpoint
 
 ``URL`` is the backend's ``checkpoint_location`` (a path or any fsspec URL). Nothing here
-writes to the store except ``gc`` without ``--dry-run``.
+writes to the store except ``gc`` without ``--dry-run`` and ``savepoint``.
 
 Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
 3 no such operator or checkpoint; 4 storage failure or unreadable state.
@@ -549,6 +550,25 @@ def cmd_metrics(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_savepoint(args: argparse.Namespace, out: TextIO) -> int:
+    from .savepoint.writer import create_savepoint, savepoint_dir
+
+    store = _open(args)
+    # Reads a completed checkpoint only; if retention of a running query deletes it
+    # meanwhile, the savepoint fails before publishing anything (run it again).
+    m = create_savepoint(store, args.operator, args.name, checkpoint_id=args.checkpoint,
+                         compression=args.compression)
+    where = f"{args.operator}/{savepoint_dir(m.name)}"
+    if args.json:
+        out.write(json.dumps({"name": m.name, "path": where, "checkpoint_id": m.checkpoint_id,
+                              "files": len(m.files), **m.metrics}) + "\n")
+    else:
+        out.write(f"savepoint {m.name} of checkpoint {m.checkpoint_id}: {len(m.files)} files, "
+                  f"{m.metrics.get('entries', 0)} entries, "
+                  f"{_size(m.metrics.get('stored_bytes', 0))} at {where}\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statebackend", description="Inspect, verify, garbage-collect and read the "
@@ -616,6 +636,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grouping-key types, comma separated, if the checkpoint lacks them")
     progress_arg(p)
     p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("savepoint", help="write a self-contained savepoint of a checkpoint")
+    common(p)
+    p.add_argument("--name", default=None, help="default: sp-<checkpoint>-<ms>")
+    p.add_argument("--checkpoint", type=int, default=None, help="default: the latest")
+    p.add_argument("--compression", choices=["snappy", "none"], default="snappy")
+    p.set_defaults(func=cmd_savepoint)
 
     p = sub.add_parser("metrics", help="per-checkpoint metrics recorded beside the checkpoints")
     common(p)

@@ -208,3 +208,15 @@ def test_bad_usage_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["verify"])
     assert exc.value.code == 2
+
+
+def test_savepoint_is_written_beside_the_checkpoints(streaming_run, tmp_path):
+    url = streaming_run.copy(str(tmp_path / "state"))
+    code, text = cli("savepoint", url, OPERATOR, "--name", "before-upgrade", "--checkpoint",
+                     "3", "--json")
+    assert code == 0, text
+    sp = json.loads(text)
+    assert sp["checkpoint_id"] == 3 and sp["entries"] > 0
+    assert os.path.exists(os.path.join(url, sp["path"], "_SAVEPOINT.json"))
+    # names are never reused
+    assert cli("savepoint", url, OPERATOR, "--name", "before-upgrade")[0] == 4
