@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     state_url = args.state_url or os.path.join(base, "state")
     write_input(input_dir, args.batches, args.events, args.keys)
 
+    from pyspark.sql import SparkSession
+
+    own_session = SparkSession.getActiveSession() is None  # embedded in a bigger program?
     spark = spark_session(args.master, args.partitions)
     backend = RocksDBStateBackend(state_url, StateBackendOptions(
         parallelism=args.partitions, local_dir=os.path.join(base, "local")))
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     backend.complete("running-totals")
     ok = verify(results_dir, args)
-    spark.stop()
+    if own_session:
+        spark.stop()
     return 0 if ok else 1
 
 
