@@ -408,20 +408,20 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
     manifests = _manifests(store, op, record)
     rows = []
     tot = {"files": 0, "shared": 0, "private": 0, "uploaded": 0, "rows": 0, "keys": 0}
-    parts = []
+    parts: list[dict[str, Any]] = []
     for p, m in manifests.items():
         shared = sum(f.size for f in m.files if f.shared)
         private = sum(f.size for f in m.files if not f.shared)
         restore = (m.metrics.get("restore") or {}).get("source", "?")
-        d = {"partition": p, "attempt": m.attempt,
-             "key_groups": [m.key_group_start, m.key_group_end], "files": len(m.files),
-             "shared_bytes": shared, "private_bytes": private,
-             "uploaded_bytes": m.incremental_size, "rows": int(m.metrics.get("rows", 0)),
-             "keys": int(m.metrics.get("keys", 0)),
-             "restore": str(restore).split(".")[-1].lower(),
-             "base_checkpoint_id": m.base_checkpoint_id,
-             "file_list": [{"name": f.name, "path": f.path, "size": f.size, "shared": f.shared,
-                            "uploaded": f.uploaded, "checksum": f.checksum} for f in m.files]}
+        d: dict[str, Any] = {"partition": p, "attempt": m.attempt,
+                            "key_groups": [m.key_group_start, m.key_group_end], "files": len(m.files),
+                            "shared_bytes": shared, "private_bytes": private,
+                            "uploaded_bytes": m.incremental_size, "rows": int(m.metrics.get("rows", 0)),
+                            "keys": int(m.metrics.get("keys", 0)),
+                            "restore": str(restore).split(".")[-1].lower(),
+                            "base_checkpoint_id": m.base_checkpoint_id,
+                            "file_list": [{"name": f.name, "path": f.path, "size": f.size, "shared": f.shared,
+                                           "uploaded": f.uploaded, "checksum": f.checksum} for f in m.files]}
         parts.append(d)
         for k, v in (("files", len(m.files)), ("shared", shared), ("private", private),
                      ("uploaded", m.incremental_size), ("rows", d["rows"]), ("keys", d["keys"])):
