@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import StructType
 
 from .checkpoint.manifest import check_component
-from .errors import OptionsError
+from .errors import IncompatibleStateError, OptionsError
 from .metrics import record_checkpoint
 from .options import StateBackendOptions, default_max_parallelism
 from .spark import plan
@@ -50,11 +50,19 @@ class RocksDBStateBackend:
     """
 
     def __init__(self, checkpoint_location: str, options: StateBackendOptions | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, *,
+                 from_savepoint: str | None = None) -> None:
         if not isinstance(checkpoint_location, str) or not checkpoint_location:
             raise OptionsError("checkpoint_location", checkpoint_location,
                                "checkpoint_location must be a non-empty path or fsspec URL")
+        if from_savepoint is not None and (not isinstance(from_savepoint, str)
+                                           or not from_savepoint):
+            raise OptionsError("from_savepoint", from_savepoint,
+                               "from_savepoint is a savepoint name or the URL of its directory")
         self.checkpoint_location = checkpoint_location
+        # Operators without state yet start from this savepoint (a name under each
+        # operator's _savepoints/, or the URL of one savepoint directory).
+        self.from_savepoint = from_savepoint
         self._explicit_options = options
         self.storage_options = dict(storage_options or {})
         self._coordinators: dict[str, Any] = {}
@@ -67,10 +75,12 @@ class RocksDBStateBackend:
     def __getstate__(self) -> dict[str, Any]:
         return {"checkpoint_location": self.checkpoint_location,
                 "_explicit_options": self._explicit_options,
-                "storage_options": self.storage_options}
+                "storage_options": self.storage_options,
+                "from_savepoint": self.from_savepoint}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("from_savepoint", None)
         self._coordinators = {}
         self._listener = None
         self._options = None
@@ -195,6 +205,52 @@ class RocksDBStateBackend:
                 self._coordinators[operator_id] = coord
             return coord
 
+    def savepoint(self, operator_id: str, name: str | None = None, *,
+                  checkpoint_id: int | None = None):
+        """Write a savepoint of ``operator_id`` from a completed checkpoint, without
+        stopping the query.
+
+        Parameters
+        ----------
+        operator_id : str
+            The operator.
+        name : str, optional
+            Savepoint name (letters, digits, ``._=-``); default ``sp-<checkpoint>-<ms>``.
+        checkpoint_id : int, optional
+            The completed checkpoint to copy; default the latest. It is pinned while the
+            savepoint is written, so retention cannot delete its files meanwhile.
+
+        Returns
+        -------
+        statebackend.savepoint.format.SavepointManifest
+            What was published under ``<location>/<operator_id>/_savepoints/<name>/``;
+            start a query from it with ``RocksDBStateBackend(..., from_savepoint=name)``.
+            Savepoints are never deleted by retention.
+        """
+        from .errors import CheckpointNotFoundError
+        from .savepoint.writer import create_savepoint
+
+        coord = self.coordinator(operator_id)
+        opts = self._options or self._explicit_options or StateBackendOptions()
+        if checkpoint_id is None:
+            complete_pending(coord)  # the listener may not have seen the last batch end yet
+            latest = coord.latest()
+            if latest is None:
+                raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
+                                              f"checkpoint to take a savepoint from")
+            checkpoint_id = latest.checkpoint_id
+        was_pinned = any(c.pinned for c in coord.list_completed()
+                         if c.checkpoint_id == checkpoint_id)
+        if not was_pinned:
+            coord.pin(checkpoint_id)
+        try:
+            return create_savepoint(coord.store, operator_id, name, checkpoint_id=checkpoint_id,
+                                    compression=opts.snapshot_compression,
+                                    local_root=opts.resolved_local_dir())
+        finally:
+            if not was_pinned:
+                coord.unpin(checkpoint_id)
+
     def complete(self, operator_id: str | None = None) -> list:
         """Complete every checkpoint whose partitions have all published (idempotent).
 
@@ -311,6 +367,19 @@ class RocksDBStateBackend:
         opts = self.options_for(spark)
         self._options = opts
         coord = self.coordinator(operator_id)
+        latest = coord.latest()
+        if latest is not None:
+            from .savepoint.reader import check_max_parallelism
+
+            check_max_parallelism(latest.max_parallelism, opts.max_parallelism,
+                                  f"the state of operator {operator_id!r}")
+            if latest.parallelism != opts.parallelism:
+                # checkpoints the previous run published but did not complete have its layout
+                coord.parallelism = latest.parallelism
+                try:
+                    complete_pending(coord)
+                except IncompatibleStateError:
+                    pass  # written by a run with the new layout: completed just below
         coord.parallelism = opts.parallelism
         complete_pending(coord)
         epoch = None
@@ -328,7 +397,17 @@ class RocksDBStateBackend:
                               checkpoint_location=self.checkpoint_location,
                               storage_options=self.storage_options, options=opts,
                               parallelism=parallelism, key=plan.key_spec(df, keys), epoch=epoch,
-                              watermark=watermark)
+                              watermark=watermark, extra=self._savepoint_extra(operator_id))
+
+    def _savepoint_extra(self, operator_id: str) -> dict[str, Any]:
+        if not self.from_savepoint:
+            return {}
+        sp = self.from_savepoint
+        if "/" not in sp and ":" not in sp:  # a name: this operator's savepoint of that name
+            from .savepoint.writer import savepoint_dir
+
+            sp = f"{self.checkpoint_location.rstrip('/')}/{operator_id}/{savepoint_dir(sp)}"
+        return {"from_savepoint": {"url": sp, "storage_options": self.storage_options}}
 
     def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
         placed = plan.place(df, list(config.key.columns), config.parallelism,

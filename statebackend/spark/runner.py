@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,8 @@ def read_record(store, checkpoint_id: int) -> CompletedCheckpoint | None:
     return CompletedCheckpoint.from_json(data, where=completed_record_path(checkpoint_id))
 
 
-def resolve_base(store, partition: int, checkpoint_id: int) -> PartitionManifest | None:
+def resolve_base(store, partition: int, checkpoint_id: int,
+                 kg_range: tuple[int, int] | None = None) -> PartitionManifest | None:
     """The manifest of ``partition`` committed for ``checkpoint_id`` (None: no state yet).
 
     The coordinator's record names it once the checkpoint is complete; before that (the
@@ -80,6 +82,10 @@ def resolve_base(store, partition: int, checkpoint_id: int) -> PartitionManifest
                 f"(it was written with parallelism {record.parallelism})")
         return read_manifest(store, record.manifests[partition])
     published = list_published_manifests(store, checkpoint_id, partition)
+    if kg_range is not None:
+        # attempts of another layout (a run with another parallelism that died before
+        # this checkpoint completed) are not this partition's state
+        published = [m for m in published if (m.key_group_start, m.key_group_end) == kg_range]
     if published:
         return choose_manifest(published)
     return None
@@ -102,6 +108,63 @@ def check_continuity(store, checkpoint_id: int) -> None:
             f"the query from its original Spark checkpoint.")
 
 
+@dataclass
+class Restored:
+    """The instance a task starts from, and where it came from."""
+
+    instance: RocksDBInstance
+    metrics: Any
+    base: PartitionManifest | None  # the manifest restored (the next checkpoint's base)
+    first: bool  # no state existed before this batch (initial state applies)
+    max_event_time_ms: int | None
+
+
+def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
+                    open_instance: Callable[[str], RocksDBInstance]) -> Restored:
+    """Open the state committed for ``checkpoint_id - 1`` as this partition's instance.
+
+    Three cases: the same layout (restore that partition's manifest); a completed
+    checkpoint written with another parallelism (assemble the new key-group range from
+    the overlapping old partitions); no state yet and a savepoint configured (read the
+    range's key-group blocks from it).
+    """
+    from ..recovery.rescale import restore_from_savepoint, restore_rescaled
+
+    partition = checkpointer.partition
+    prev = checkpoint_id - 1
+    record = read_record(store, prev) if prev >= 0 else None
+    if record is not None and record.parallelism != config.parallelism:
+        inst, rmetrics, sources = restore_rescaled(
+            checkpointer, record, config.parallelism, config.max_parallelism,
+            local_root(config.options), open_instance)
+        ets = [int(m.metrics["max_event_time_ms"]) for m in sources
+               if m.metrics.get("max_event_time_ms") is not None]
+        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None)
+    kg_range = kg_range_of(config, partition)
+    base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end))
+    if base is None and checkpoint_id > 0:
+        check_continuity(store, checkpoint_id)
+    if base is not None and base.max_parallelism != config.max_parallelism:
+        raise IncompatibleStateError(
+            f"state was written with max_parallelism={base.max_parallelism}, this query uses "
+            f"{config.max_parallelism}; it is fixed for the life of the state (write a "
+            f"savepoint with the old value and restore it with the new one to migrate)")
+    savepoint = config.extra.get("from_savepoint")
+    if base is None and savepoint:
+        from ..savepoint.reader import SavepointReader
+
+        sp_store = open_store(savepoint["url"],
+                              storage_options=savepoint.get("storage_options") or None)
+        reader = SavepointReader(sp_store)
+        inst, smetrics = restore_from_savepoint(checkpointer, reader, config.parallelism,
+                                                config.max_parallelism)
+        et = reader.manifest.metrics.get("max_event_time_ms")
+        return Restored(inst, smetrics, None, False, None if et is None else int(et))
+    inst, rmetrics = checkpointer.restore(base)
+    et = base.metrics.get("max_event_time_ms") if base is not None else None
+    return Restored(inst, rmetrics, base, base is None, et)
+
+
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                   process: Callable[[KeyedStateBackend, Any, BatchContext, Iterator], list]
                   ) -> Iterator[pd.DataFrame]:
@@ -113,23 +176,17 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     pdf = read_input(batches)
     root = root_store(config)
     store = operator_store(root, config.operator_id)
-    base = resolve_base(store, partition, checkpoint_id - 1)
-    if base is None and checkpoint_id > 0:
-        check_continuity(store, checkpoint_id)
-    if base is not None and base.max_parallelism != config.max_parallelism:
-        raise IncompatibleStateError(
-            f"state was written with max_parallelism={base.max_parallelism}, this query uses "
-            f"{config.max_parallelism}; it is fixed for the life of the state (write a "
-            f"savepoint with the old value and restore it with the new one to migrate)")
     kg_range = kg_range_of(config, partition)
     db_options = to_rocksdict_options(config.options)
     checkpointer = PartitionCheckpointer(
         root, config.operator_id, partition, config.options, local_root(config.options),
         open_instance=lambda path: RocksDBInstance(path, db_options=db_options))
-    instance, restore_metrics = checkpointer.restore(base)
+    restored = obtain_instance(config, store, checkpointer, checkpoint_id,
+                               lambda path: RocksDBInstance(path, db_options=db_options))
+    instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     try:
         ptime = batch_processing_time(pdf)
-        max_et = base.metrics.get("max_event_time_ms") if base is not None else None
+        max_et = restored.max_event_time_ms
         wm = -1
         if config.watermark is not None:
             wm = watermark_for(store, config, checkpoint_id - 1, base)
@@ -137,7 +194,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             if pdf is not None and col in pdf.columns and len(pdf):
                 batch_max = int(pd.to_datetime(pdf[col]).max().value // 1_000_000)
                 max_et = batch_max if max_et is None else max(int(max_et), batch_max)
-        ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=base is None)
+        ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
         if pdf is not None:
@@ -198,7 +255,10 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     if prev_id < 0:
         return 0
     latest = None
-    for p in range(config.parallelism):
+    record = read_record(store, prev_id)
+    # after a rescale the previous checkpoint has the old layout's partitions
+    parts = sorted(record.manifests) if record is not None else range(config.parallelism)
+    for p in parts:
         m = own if (own is not None and p == own.partition) else resolve_base(store, p, prev_id)
         v = None if m is None else m.metrics.get("max_event_time_ms")
         if v is not None:
