@@ -1,0 +1,286 @@
+"""Fault injection against small streaming queries (marker ``faults``).
+
+Each fault ends either with output and state identical to a failure-free reference, or
+with a clear typed error while every committed checkpoint stays intact (and the query
+then continues correctly once the fault is repaired). Where a task failed, the restore
+report shows partition-level failover: only the failed partition restored from a
+fallback source, the others kept their working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import shutil
+
+import fault_procs as F
+import numpy as np
+import pandas as pd
+import pytest
+from harness import write_batches
+
+from statebackend import RocksDBStateBackend, StateBackendOptions
+from statebackend.recovery.restart import ExponentialDelay, ManualClock
+from statebackend.storage.manifests import read_manifest
+from statebackend.supervisor import restore_counts, restore_report
+
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
+
+SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
+OUT = "k STRING, v BIGINT"
+OP = "counts"
+log = logging.getLogger("statebackend.tests.faults")
+
+
+def batches(n: int, seed: int = 21, rows: int = 40, keys: int = 8) -> list[pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    return [pd.DataFrame({"k": [f"k{i}" for i in rng.integers(0, keys, rows)],
+                          "x": rng.integers(0, 10, rows).astype("int64"),
+                          "ts": pd.Timestamp("2026-01-01")}) for _ in range(n)]
+
+
+def reference(data: list[pd.DataFrame]) -> dict[int, pd.DataFrame]:
+    """RunningCount's output per micro-batch in a failure-free run."""
+    totals: dict[str, int] = {}
+    out = {}
+    for b, pdf in enumerate(data):
+        counts = pdf.groupby("k").size()
+        for k, n in counts.items():
+            totals[k] = totals.get(k, 0) + int(n)
+        out[b] = pd.DataFrame({"k": list(counts.index), "v": [totals[k] for k in counts.index]}
+                              ).sort_values(["k", "v"]).reset_index(drop=True)
+    return out
+
+
+def check(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -> None:
+    assert sorted(ours) == sorted(ref)
+    for b in ref:
+        pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
+                                      obj=f"micro-batch {b}")
+
+
+def add_batch(in_dir: str, i: int, pdf: pd.DataFrame) -> None:
+    pdf.to_parquet(os.path.join(in_dir, f"part-{i:05d}.parquet"), index=False,
+                   coerce_timestamps="us", allow_truncated_timestamps=True)
+
+
+def start(spark, in_dir: str, build, ck: str, out: dict[int, pd.DataFrame]):
+    """Start the query (one file per micro-batch); each batch's sorted output lands in
+    ``out`` only when the batch succeeds."""
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(in_dir)
+
+    def collect(batch_df, batch_id):
+        pdf = batch_df.toPandas()
+        out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
+
+    return (build(df).writeStream.foreachBatch(collect).outputMode("update")
+            .option("checkpointLocation", ck).trigger(availableNow=True).start())
+
+
+def run(spark, in_dir, build, ck, out) -> None:
+    start(spark, in_dir, build, ck, out).awaitTermination()
+
+
+class Env:
+    """One query's directories and backend."""
+
+    def __init__(self, tmp_path, location: str | None = None,
+                 storage_options: dict | None = None) -> None:
+        self.tmp = tmp_path
+        self.in_dir = str(tmp_path / "in")
+        self.ck = str(tmp_path / "ck")
+        self.state = str(tmp_path / "state")
+        self.local = str(tmp_path / "local")
+        self.backend = RocksDBStateBackend(
+            location or self.state,
+            StateBackendOptions(parallelism=2, local_dir=self.local),
+            storage_options=storage_options)
+
+    def build(self, proc):
+        return lambda df: self.backend.transform_with_state(df.groupBy("k"), proc, OUT,
+                                                            operator_id=OP)
+
+    def completed(self) -> list[int]:
+        # the listener completes checkpoints asynchronously; completion is idempotent
+        self.backend.complete(OP)
+        return [c.checkpoint_id for c in self.backend.coordinator(OP).list_completed()]
+
+    def durable_digest(self) -> dict[str, str]:
+        """sha256 of every durable file of the operator (committed state's fingerprint)."""
+        root = os.path.join(self.state, OP)
+        out = {}
+        for d, _dirs, files in os.walk(root):
+            for f in files:
+                p = os.path.join(d, f)
+                with open(p, "rb") as fh:
+                    out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+        return out
+
+
+def report(env: Env, checkpoint_id: int) -> dict[str, int]:
+    env.completed()
+    rep = restore_report(env.backend, OP, checkpoint_id)
+    counts = restore_counts(rep)
+    log.warning("checkpoint %d restores: %s (%s)", checkpoint_id, counts,
+                {p: r.source for p, r in rep.items()})
+    return counts
+
+
+# --- task-level faults: the query survives, only the failed partition falls back ----------
+
+
+def test_python_worker_killed_mid_batch(spark, tmp_path):
+    data = batches(3)
+    env = Env(tmp_path)
+    write_batches(env.in_dir, data)
+    out: dict[int, pd.DataFrame] = {}
+    run(spark, env.in_dir, env.build(F.ExitOnce()), env.ck, out)
+    check(out, reference(data))
+    assert env.completed() == [0, 1, 2]
+    rep = restore_report(env.backend, OP, 1)
+    # the killed worker had opened and written partition 0's working directory: its retry
+    # must not trust it and restores from the verified local copy, downloading nothing;
+    # partition 1 never failed and keeps its working directory
+    assert rep[0].source == "local_copy" and rep[0].bytes_downloaded == 0
+    assert rep[1].source == "working_dir"
+    assert report(env, 2) == {"working_dir": 2}
+
+
+def test_local_disk_full_while_keeping_the_local_copy(spark, tmp_path):
+    data = batches(3, seed=5)
+    env = Env(tmp_path)
+    write_batches(env.in_dir, data)
+    marker = str(tmp_path / "disk-full")
+    open(marker, "w").close()
+    out: dict[int, pd.DataFrame] = {}
+    try:
+        run(spark, env.in_dir, env.build(F.DiskFullOnce(marker)), env.ck, out)
+    finally:
+        os.remove(marker)
+    # a secondary copy that cannot be kept never fails the checkpoint (invariant 7) ...
+    check(out, reference(data))
+    assert env.completed() == [0, 1, 2]
+    # ... and the next batch of that partition, whose working directory could not be
+    # marked clean, restores from the verified local copy; the other is untouched
+    rep = restore_report(env.backend, OP, 2)
+    assert rep[0].source == "local_copy" and rep[0].bytes_downloaded == 0
+    assert rep[1].source == "working_dir"
+
+
+# --- durable-storage faults: a typed error, committed state intact, then recovery --------
+
+
+def _stream_two_then_break(spark, env: Env, data) -> dict[int, pd.DataFrame]:
+    write_batches(env.in_dir, data[:2])
+    out: dict[int, pd.DataFrame] = {}
+    run(spark, env.in_dir, env.build(F.RunningCount()), env.ck, out)
+    assert env.completed() == [0, 1]
+    add_batch(env.in_dir, 2, data[2])
+    return out
+
+
+def _partition0_manifest(env: Env, checkpoint_id: int):
+    coord = env.backend.coordinator(OP)
+    path = coord.get(checkpoint_id).manifests[0]
+    return path, read_manifest(coord.store, path, operator_id=OP)
+
+
+@pytest.mark.parametrize("fault", ["corrupt_sst", "truncated_manifest"])
+def test_corrupt_durable_state_fails_typed_and_leaves_committed_state_intact(
+        spark, tmp_path, fault):
+    data = batches(3, seed=9)
+    env = Env(tmp_path)
+    out = _stream_two_then_break(spark, env, data)
+    op_root = os.path.join(env.state, OP)
+    if fault == "corrupt_sst":
+        _path, manifest = _partition0_manifest(env, 1)
+        sst = next(f for f in manifest.files if f.name.endswith(".sst"))
+        victim = os.path.join(op_root, sst.path)
+        # the local copy is gone (new machine), so durable storage is the only source
+        shutil.rmtree(env.local)
+    else:
+        path, _manifest = _partition0_manifest(env, 1)
+        victim = os.path.join(op_root, path)
+    with open(victim, "rb") as fh:
+        original = fh.read()
+    with open(victim, "wb") as fh:
+        if fault == "corrupt_sst":  # same size, flipped bytes: only the checksum can tell
+            fh.write(original[:100] + bytes(b ^ 0xFF for b in original[100:200])
+                     + original[200:])
+        else:
+            fh.write(original[: len(original) // 2])
+    before = env.durable_digest()
+
+    with pytest.raises(Exception, match="CorruptStateError") as info:
+        run(spark, env.in_dir, env.build(F.RunningCount()), env.ck, out)
+    text = str(info.value)
+    assert ("partition 0" in text) if fault == "corrupt_sst" else ("truncated or malformed" in text)
+    # nothing committed was changed or removed, and nothing new was completed
+    after = env.durable_digest()
+    assert {p: d for p, d in after.items() if p in before} == before
+    assert env.completed() == [0, 1]
+    assert 2 not in out
+
+    # repaired, the query continues from the committed state with exactly-once output
+    with open(victim, "wb") as fh:
+        fh.write(original)
+    run(spark, env.in_dir, env.build(F.RunningCount()), env.ck, out)
+    check(out, reference(data))
+    if fault == "corrupt_sst":
+        env.completed()
+        assert restore_report(env.backend, OP, 2)[0].source == "durable"
+
+
+def test_storage_outage_during_upload(spark, tmp_path):
+    data = batches(3, seed=13)
+    marker = str(tmp_path / "outage")
+    env = Env(tmp_path, location="sbfaulty://" + str(tmp_path / "state"),
+              storage_options={"outage_marker": marker})
+    write_batches(env.in_dir, data)
+    out: dict[int, pd.DataFrame] = {}
+    open(marker, "w").close()  # SST uploads of checkpoint 1 fail while this exists
+    with pytest.raises(Exception, match="StorageError") as info:
+        run(spark, env.in_dir, env.build(F.Counting()), env.ck, out)
+    assert "injected fault" in str(info.value)
+    assert env.completed() == [0] and sorted(out) == [0]
+    committed = env.durable_digest()
+    os.remove(marker)  # the outage ends; the query is started again
+    run(spark, env.in_dir, env.build(F.Counting()), env.ck, out)
+    check(out, reference(data))
+    assert env.completed() == [0, 1, 2]
+    after = env.durable_digest()
+    assert all(after.get(p) == d for p, d in committed.items()
+               if p.startswith(("chk-0/", "_checkpoints/chk-0")))
+
+
+# --- a supervised query restarted after whole-query failures -------------------------------
+
+
+def test_supervised_query_survives_three_failures_under_exponential_delay(spark, tmp_path):
+    data = batches(4, seed=17)
+    env = Env(tmp_path)
+    write_batches(env.in_dir, data)
+    out: dict[int, pd.DataFrame] = {}
+    plan = iter([1, 2, 3, None])  # start i fails in micro-batch plan[i]
+
+    def start_query():
+        return start(spark, env.in_dir, env.build(F.FailQueryAt(next(plan))), env.ck, out)
+
+    clock = ManualClock()
+    strategy = ExponentialDelay(1.0, 60.0, 2.0, 0.1, 3600.0, rng=random.Random(5))
+    result = env.backend.supervise(start_query, strategy, clock=clock)
+
+    check(out, reference(data))
+    assert result.starts == 4 and len(result.failures) == 3
+    for i, (f, backoff) in enumerate(zip(result.failures, (1.0, 2.0, 4.0))):
+        assert "injected query failure in micro-batch" in str(f.error)
+        assert f.decision.restart and backoff * 0.9 <= f.decision.delay_s <= backoff * 1.1
+        # each restart continued from the batch before the failed one
+        assert f.last_completed == {OP: i}
+    assert clock.sleeps == [f.decision.delay_s for f in result.failures]
+    assert env.completed() == [1, 2, 3]  # num_retained=3
+    for b in (1, 2, 3):  # the batches re-run after a query failure
+        counts = report(env, b)
+        assert sum(counts.values()) == 2 and "empty" not in counts
