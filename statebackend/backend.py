@@ -109,7 +109,7 @@ class RocksDBStateBackend:
                              outputStructType: StructType | str, outputMode: str = "Update",
                              timeMode: str = "None", initialState: GroupedData | None = None,
                              eventTimeColumnName: str = "", *, operator_id: str | None = None,
-                             flavour: str = "pandas") -> DataFrame:
+                             flavour: str = "pandas", ticks: bool = False) -> DataFrame:
         """Swap-in for ``grouped.transformWithStateInPandas`` (``flavour="pandas"``) and
         ``grouped.transformWithState`` (``flavour="row"``), same arguments, same output."""
         if not isinstance(statefulProcessor, StatefulProcessor):
@@ -123,6 +123,7 @@ class RocksDBStateBackend:
         df, keys = plan.grouping_columns(grouped_data)
         op_id = operator_id or _default_operator_id(statefulProcessor)
         config = self._config(df, keys, op_id)
+        config.extra["ticks"] = ticks
         as_rows = flavour == "row"
         processor = statefulProcessor
         initial_pdf_holder: dict[str, Any] = {}
@@ -154,13 +155,15 @@ class RocksDBStateBackend:
                                    outputStructType: StructType | str,
                                    stateStructType: StructType | str, outputMode: str = "Update",
                                    timeoutConf: str = "NoTimeout", *,
-                                   operator_id: str | None = None) -> DataFrame:
+                                   operator_id: str | None = None,
+                                   ticks: bool = False) -> DataFrame:
         """Swap-in for ``grouped.applyInPandasWithState`` with the same arguments."""
         _check_output_mode(outputMode)
         timeout = check_timeout_conf(timeoutConf)
         df, keys = plan.grouping_columns(grouped_data)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
+        config.extra["ticks"] = ticks
         state_schema = _struct(df.sparkSession, stateStructType)
 
         def process(backend, groups, ctx, decode):
@@ -410,6 +413,8 @@ class RocksDBStateBackend:
         return {"from_savepoint": {"url": sp, "storage_options": self.storage_options}}
 
     def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
+        if config.extra.get("ticks") and df.isStreaming:
+            df = plan.with_ticks(df)
         placed = plan.place(df, list(config.key.columns), config.parallelism,
                             config.max_parallelism)
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and

@@ -20,7 +20,8 @@ from ..keygroups import placement_values
 
 KG_COL = "__sb_kg"
 ROUTE_COL = "__sb_route"
-INTERNAL_COLUMNS = (KG_COL, ROUTE_COL)
+TICK_COL = "__sb_tick"
+INTERNAL_COLUMNS = (KG_COL, ROUTE_COL, TICK_COL)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,19 @@ def place(df: DataFrame, key_columns: list[str], parallelism: int, max_paralleli
     return (df.withColumn(KG_COL, kg)
               .withColumn(ROUTE_COL, route)
               .repartition(parallelism, F.col(ROUTE_COL)))
+
+
+def with_ticks(df: DataFrame) -> DataFrame:
+    """``df`` plus one marker row per second from Spark's rate source.
+
+    A ``mapInPandas`` operator gets no "no-data" micro-batches, so without new input its
+    timers and timeouts wait. The tick rows make every trigger run a micro-batch (and so a
+    task on every partition); tasks drop them before any user code sees the input.
+    """
+    ticks = (df.sparkSession.readStream.format("rate").option("rowsPerSecond", 1).load()
+             .select(F.lit(True).alias(TICK_COL)))
+    return (df.withColumn(TICK_COL, F.lit(False))
+              .unionByName(ticks, allowMissingColumns=True))
 
 
 def watermark_of(df: DataFrame) -> tuple[str, int] | None:

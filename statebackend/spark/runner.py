@@ -24,12 +24,13 @@ from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
 from ..storage.manifests import list_published_manifests, operator_store, read_manifest
-from .plan import KG_COL
+from .plan import KG_COL, TICK_COL
 from .task import (
     PTIME_COL,
     BatchContext,
     OperatorConfig,
     batch_processing_time,
+    check_rows_belong,
     decode_key,
     group_by_key,
     kg_range_of,
@@ -87,7 +88,14 @@ def resolve_base(store, partition: int, checkpoint_id: int,
         # this checkpoint completed) are not this partition's state
         published = [m for m in published if (m.key_group_start, m.key_group_end) == kg_range]
     if published:
-        return choose_manifest(published)
+        chosen = choose_manifest(published)
+        # The coordinator may have completed the checkpoint meanwhile with an attempt that
+        # published after our listing; its record is the truth (the files of an attempt it
+        # did not choose may be deleted), so look once more.
+        record = read_record(store, checkpoint_id)
+        if record is not None and record.manifests.get(partition) not in (None, chosen.path):
+            return read_manifest(store, record.manifests[partition])
+        return chosen
     return None
 
 
@@ -174,6 +182,11 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
     pdf = read_input(batches)
+    ptime = batch_processing_time(pdf)  # before dropping ticks: they carry it too
+    if pdf is not None and TICK_COL in pdf.columns:
+        pdf = pdf[~pdf[TICK_COL].fillna(False).astype(bool)].drop(columns=[TICK_COL])
+        if not len(pdf):
+            pdf = None
     root = root_store(config)
     store = operator_store(root, config.operator_id)
     kg_range = kg_range_of(config, partition)
@@ -185,7 +198,6 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                lambda path: RocksDBInstance(path, db_options=db_options))
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     try:
-        ptime = batch_processing_time(pdf)
         max_et = restored.max_event_time_ms
         wm = -1
         if config.watermark is not None:
@@ -199,6 +211,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                     clock=lambda: ptime)
         if pdf is not None:
             kg = pdf[KG_COL].to_numpy()
+            check_rows_belong(kg, kg_range, partition)
             pdf = pdf.drop(columns=[PTIME_COL], errors="ignore")
             groups = group_by_key(pdf, config.key, kg)
         else:

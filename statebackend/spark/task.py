@@ -142,7 +142,26 @@ def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
         raise StateBackendError("no micro-batch id and no epoch: run through RocksDBStateBackend")
     # unique per attempt even across driver restarts (invariant 2)
     attempt = f"t{tc.taskAttemptId()}-a{tc.attemptNumber()}-{uuid.uuid4().hex[:8]}"
-    return checkpoint_id, tc.partitionId(), attempt
+    partition = tc.partitionId()
+    if not 0 <= partition < config.parallelism:
+        # After a union in the same stage Spark numbers partitions across both sides, and
+        # no API tells a task its index within our own RDD.
+        raise StateBackendError(
+            f"operator {config.operator_id!r}: task partition {partition} is outside "
+            f"0..{config.parallelism - 1}: the operator's output was combined (e.g. by union) "
+            f"with other data in the same stage. Call .repartition() on the operator's output "
+            f"before the union so it runs in a stage of its own.")
+    return checkpoint_id, partition, attempt
+
+
+def check_rows_belong(kg: np.ndarray, kg_range, partition: int) -> None:
+    """Every row must lie in the partition's key-group range: placement is exact, so a row
+    outside it means the partition index is wrong, and state would go to the wrong place."""
+    if len(kg) and (int(kg.min()) < kg_range.start or int(kg.max()) > kg_range.end):
+        raise StateBackendError(
+            f"rows of key groups {int(kg.min())}..{int(kg.max())} reached partition {partition}, "
+            f"which owns {kg_range.start}..{kg_range.end}: the input was not placed by this "
+            f"operator (was the DataFrame repartitioned or unioned in between?)")
 
 
 def local_root(options: StateBackendOptions) -> str:

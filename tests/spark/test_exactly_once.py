@@ -94,3 +94,32 @@ def test_same_batch_executed_twice_gives_same_state(spark, tmp_path):
     ref = reference_running_counts(data)
     pd.testing.assert_frame_equal(a.astype({"v": "int64"}), ref[0], check_dtype=False)
     pd.testing.assert_frame_equal(got.astype({"v": "int64"}), ref[1], check_dtype=False)
+
+
+def test_union_of_two_operators_is_refused_unless_each_runs_in_its_own_stage(spark, tmp_path):
+    # after a union in the same stage, TaskContext.partitionId() is offset for the second
+    # operator: that must fail loudly, never put state in the wrong partition
+    data = batches(2, seed=17)
+    write_batches(str(tmp_path / "in"), data)
+    be = make_backend(tmp_path)
+
+    def union_of(df, shuffle: bool, suffix: str):
+        a = be.transform_with_state(df.groupBy("k"), P.RunningCount(), OUT, operator_id="a" + suffix)
+        b = be.transform_with_state(df.groupBy("k"), P.RunningCount(), OUT, operator_id="b" + suffix)
+        return a.repartition(2).union(b.repartition(2)) if shuffle else a.union(b)
+
+    with pytest.raises(Exception, match="combined \\(e.g. by union\\)"):
+        run_stream(spark, str(tmp_path / "in"), SCHEMA, lambda df: union_of(df, False, "x"),
+                   str(tmp_path / "ck-bad"))
+
+    def build(df):
+        return union_of(df, True, "")
+
+    ours = run_stream(spark, str(tmp_path / "in"), SCHEMA, build, str(tmp_path / "ck"))
+    ref = reference_running_counts(data)
+    for bid, expected in ref.items():
+        doubled = pd.concat([expected, expected]).sort_values(["k", "v"]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(ours[bid].astype({"v": "int64"}), doubled, check_dtype=False)
+    be.complete()
+    assert be.coordinator("a").latest().checkpoint_id == 1
+    assert be.coordinator("b").latest().checkpoint_id == 1
