@@ -1,0 +1,67 @@
+"""The processor of executor_loss_job.py (shipped to executors with ``addPyFile``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor
+
+
+def _executor_jvm_pid() -> int | None:
+    """The pid of the executor JVM above this Python worker (worker -> daemon -> JVM)."""
+    pid = os.getppid()
+    for _ in range(5):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+            if b"CoarseGrainedExecutorBackend" in cmd:
+                return pid
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def _first_time(marker: str) -> bool:
+    """True exactly once per marker path, across processes (a lost executor's shuffle
+    output makes Spark rerun the stage, and a new stage attempt restarts attempt numbers)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+class KillExecutorOnce(StatefulProcessor):
+    """A running count; partition 0 in micro-batch 1 kills its executor JVM (SIGKILL),
+    once, after updating state, as a lost machine would."""
+
+    def __init__(self, once_marker: str) -> None:
+        self.once_marker = once_marker
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "count BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark import TaskContext
+
+        n = sum(len(pdf) for pdf in rows)
+        old = self.count.get()
+        total = n + (old[0] if old is not None else 0)
+        self.count.update((total,))
+        tc = TaskContext.get()
+        if (tc.partitionId() == 0 and tc.getLocalProperty("streaming.sql.batchId") == "1"
+                and _first_time(self.once_marker)):
+            pid = _executor_jvm_pid()
+            if pid is not None:
+                with open(self.once_marker, "w") as fh:
+                    fh.write(str(pid))
+                os.kill(pid, signal.SIGKILL)
+                os._exit(1)
+        yield pd.DataFrame({"k": [key[0]], "v": [total]})
+
+    def close(self):
+        pass
