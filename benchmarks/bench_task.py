@@ -1,0 +1,241 @@
+"""The task side without Spark: the framework's own cost per key, and where it goes.
+
+    python benchmarks/bench_task.py                      # stage table, noop and count
+    python benchmarks/bench_task.py --keys 10000 --rows 20000 --batches 10
+    python benchmarks/bench_task.py --profile count      # cProfile of the whole task, top 30
+    python -m pytest benchmarks/bench_task.py --benchmark-enable
+
+What one Spark task of ours does for one partition and one micro-batch
+(``statebackend.spark.runner.run_partition``) runs here on a pandas frame shaped like the
+one Spark hands it (key, value, key-group and processing-time columns), against a local
+checkpoint location: restore b-1, group by key, run the processor, checkpoint b, close,
+concatenate the output. Only the Spark task identity is patched in (there is no
+TaskContext outside Spark). Figures are per key per batch, so they compare directly with
+Spark's 1-2 ms per key per batch and with the 50 us target for a processor that does
+nothing. The stage table times the pieces separately on the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as W  # noqa: E402
+
+from statebackend.keygroups import key_groups  # noqa: E402
+from statebackend.options import StateBackendOptions  # noqa: E402
+from statebackend.rocksdb.instance import RocksDBInstance  # noqa: E402
+from statebackend.spark import runner  # noqa: E402
+from statebackend.spark.plan import KG_COL, KeySpec  # noqa: E402
+from statebackend.spark.processor import run_processor  # noqa: E402
+from statebackend.spark.task import (  # noqa: E402
+    PTIME_COL,
+    BatchContext,
+    OperatorConfig,
+    decode_key,
+    group_by_key,
+)
+from statebackend.state.backend import KeyedStateBackend  # noqa: E402
+
+SPEC = KeySpec(("k",), ("string",))
+MAXP = 128
+
+
+def make_batch(keys: int, rows: int, seed: int) -> pd.DataFrame:
+    """One partition's input for one micro-batch, with the columns our plan adds."""
+    rng = np.random.default_rng(seed)
+    names = np.array([f"key-{i:07d}" for i in range(keys)], dtype=object)
+    k = names[rng.integers(0, keys, rows)]
+    return pd.DataFrame({"k": k, "x": rng.integers(0, 100, rows).astype("int64"),
+                         KG_COL: key_groups([k], ["string"], MAXP).astype("int32"),
+                         PTIME_COL: np.full(rows, 1_700_000_000_000, dtype="int64")})
+
+
+def config_for(location: str, local: str, op: str) -> OperatorConfig:
+    # one partition owning every key group: the whole key space in one task
+    opts = StateBackendOptions(parallelism=1, max_parallelism=MAXP, local_dir=local)
+    return OperatorConfig(operator_id=op, checkpoint_location=location, storage_options={},
+                          options=opts, parallelism=1, key=SPEC)
+
+
+def tws_process(processor_cls: type) -> Callable:
+    """What ``RocksDBStateBackend.transform_with_state`` hands the runner (pandas flavour)."""
+    def process(backend, groups, ctx, decode):
+        return run_processor(processor_cls(), backend, groups, ctx, "None", decode)
+    return process
+
+
+def run_batches(workdir: str, processor_cls: type, batches: list[pd.DataFrame],
+                profile: cProfile.Profile | None = None) -> list[float]:
+    """Run ``run_partition`` for each batch in turn (batch ids 0..n-1); seconds per batch."""
+    config = config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
+                        f"bench-{processor_cls.__name__.lower()}")
+    process = tws_process(processor_cls)
+    original = runner.task_identity
+    times = []
+    try:
+        for b, pdf in enumerate(batches):
+            runner.task_identity = lambda _c, b=b: (b, 0, f"bench-{b}")
+            t0 = time.perf_counter()
+            if profile is not None:
+                profile.enable()
+            for _ in runner.run_partition(config, iter([pdf]), process):
+                pass
+            if profile is not None:
+                profile.disable()
+            times.append(time.perf_counter() - t0)
+    finally:
+        runner.task_identity = original
+    return times
+
+
+def stages(workdir: str, processor_cls: type, pdf: pd.DataFrame, repeat: int = 3
+           ) -> dict[str, float]:
+    """Seconds of each piece of the per-key path on one batch (best of ``repeat``)."""
+    inst = RocksDBInstance(os.path.join(workdir, f"stages-{processor_cls.__name__}"))
+    backend = KeyedStateBackend(inst, clock=lambda: 0)
+    ctx = BatchContext(1, 0, 0, -1, None)
+    kg = pdf[KG_COL].to_numpy()
+    body = pdf.drop(columns=[PTIME_COL])
+    best: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[..., Any], *fn_args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*fn_args)
+        dt = time.perf_counter() - t0
+        best[name] = min(best.get(name, dt), dt)
+        return out
+
+    def decode(k: bytes) -> tuple:
+        return decode_key(k, SPEC)
+
+    def slices(groups: Any) -> list:
+        return [groups.rows(i) for i in range(len(groups))]
+
+    def set_keys(groups: Any) -> None:
+        for i in range(len(groups)):
+            backend.set_current_key(groups.key_bytes[i])
+
+    groups: Any = None
+    try:
+        for _ in range(repeat):
+            groups = timed("group_by_key", group_by_key, body, SPEC, kg)
+            out = timed("run_processor", run_processor, processor_cls(), backend, groups, ctx,
+                        "None", decode)
+            timed("flush", backend.flush)
+            if out:
+                timed("concat_frames", runner.concat_frames, out)
+            else:
+                best.setdefault("concat_frames", 0.0)
+            # pieces of run_processor that are ours, without any processor call
+            timed("slices_only", slices, groups)
+            timed("set_current_key", set_keys, groups)
+        best["keys"] = float(len(groups))
+    finally:
+        inst.close()
+    return best
+
+
+def report(args: argparse.Namespace) -> None:
+    workdir = tempfile.mkdtemp(prefix="sb-bench-task-")
+    try:
+        batches = [make_batch(args.keys, args.rows, seed) for seed in range(args.batches)]
+        keys_per_batch = [b["k"].nunique() for b in batches]
+        print(f"{args.keys:,} keys, {args.rows:,} rows per batch ({np.mean(keys_per_batch):,.0f} "
+              f"distinct keys per batch), {args.batches} batches, one task per batch; "
+              f"load {os.getloadavg()[0]:.1f}")
+        for name in args.workloads:
+            cls = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions,
+                   "map": W.MapCounts}[name]
+            times = run_batches(os.path.join(workdir, name), cls, batches)
+            steady = times[1:] or times
+            per_key = [t / k for t, k in zip(times, keys_per_batch)][1:] or [times[0]]
+            print(f"\n{name}: whole task (restore, group, process, checkpoint, close, concat): "
+                  f"median {1000 * float(np.median(steady)):.1f} ms per batch = "
+                  f"{1e6 * float(np.median(per_key)):.1f} us per key per batch, "
+                  f"{args.rows / float(np.median(steady)):,.0f} rows/s")
+            st = stages(workdir, cls, batches[-1])
+            nk = st.pop("keys")
+            for stage, sec in st.items():
+                print(f"  {stage:16} {1000 * sec:8.1f} ms  {1e6 * sec / nk:7.2f} us/key")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def profile(args: argparse.Namespace) -> None:
+    workdir = tempfile.mkdtemp(prefix="sb-bench-task-")
+    try:
+        batches = [make_batch(args.keys, args.rows, seed) for seed in range(args.batches)]
+        cls = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions,
+               "map": W.MapCounts}[args.profile]
+        run_batches(os.path.join(workdir, "warm"), cls, batches[:2])
+        prof = cProfile.Profile()
+        run_batches(os.path.join(workdir, "prof"), cls, batches, prof)
+        s = io.StringIO()
+        st = pstats.Stats(prof, stream=s).strip_dirs().sort_stats(args.sort)
+        st.print_stats(args.top)
+        print(s.getvalue())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- pytest-benchmark ----------------------------------------------------------------------
+
+
+def _bench(benchmark: Any, tmp_path: Any, cls: type, keys: int = 5_000, rows: int = 10_000
+           ) -> None:
+    batches = [make_batch(keys, rows, s) for s in range(3)]
+    counter = iter(range(10**6))
+
+    def run() -> None:
+        run_batches(str(tmp_path / f"r{next(counter)}"), cls, batches)
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    benchmark.extra_info["key_batches"] = sum(b["k"].nunique() for b in batches)
+
+
+def test_task_noop(benchmark: Any, tmp_path: Any) -> None:
+    """Three batches through the whole task with a processor that does nothing."""
+    _bench(benchmark, tmp_path, W.NoOp)
+
+
+def test_task_running_count(benchmark: Any, tmp_path: Any) -> None:
+    """Three batches through the whole task with the running-count processor."""
+    _bench(benchmark, tmp_path, W.RunningCount)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/bench_task.py",
+                                 description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--rows", type=int, default=10_000,
+                    help="rows per batch of this one task (the target workload gives each "
+                         "of its 2 partitions ~10,000 rows per batch)")
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--workloads", type=lambda s: s.split(","), default=["noop", "count"])
+    ap.add_argument("--profile", choices=["noop", "count", "sessions", "map"], default=None)
+    ap.add_argument("--sort", default="cumulative")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args(argv)
+    if args.profile:
+        profile(args)
+    else:
+        report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
