@@ -66,7 +66,6 @@ class RocksDBStateBackend:
         self._explicit_options = options
         self.storage_options = dict(storage_options or {})
         self._coordinators: dict[str, Any] = {}
-        self._listener = None
         self._options: StateBackendOptions | None = None
         self._lock = threading.Lock()
 
@@ -82,7 +81,6 @@ class RocksDBStateBackend:
         self.__dict__.update(state)
         self.__dict__.setdefault("from_savepoint", None)
         self._coordinators = {}
-        self._listener = None
         self._options = None
         self._lock = threading.Lock()
 
@@ -423,12 +421,9 @@ class RocksDBStateBackend:
         return placed.mapInPandas(make_task(config, process), schema)
 
     def _ensure_listener(self, spark: SparkSession) -> None:
-        if self._listener is not None:
-            return
-        from .spark.listener import CompletionListener
+        from .spark.listener import register_backend
 
-        self._listener = CompletionListener(self)
-        spark.streams.addListener(self._listener)
+        register_backend(spark, self)
 
 
 def complete_pending(coordinator) -> list:

@@ -315,7 +315,8 @@ class CheckpointCoordinator:
             m = self._read_published(checkpoint_id, rel)
             if m is None:
                 continue
-            self._check_compatible(m, partition)
+            if not self._check_compatible(m, partition):
+                continue
             missing = self._missing_files(m, listing)
             if missing:
                 log.warning("attempt %s of checkpoint %d partition %d references missing "
@@ -344,15 +345,24 @@ class CheckpointCoordinator:
         cache[rel] = m
         return m
 
-    def _check_compatible(self, m: PartitionManifest, partition: int) -> None:
+    def _check_compatible(self, m: PartitionManifest, partition: int) -> bool:
+        """False for an attempt of another layout (a run with another parallelism that died
+        before this checkpoint completed): a failed attempt, not this partition's state.
+        A different max_parallelism is a configuration error."""
         want = key_group_range(partition, self.parallelism, self.max_parallelism)
         got = (m.key_group_start, m.key_group_end)
-        if m.max_parallelism != self.max_parallelism or got != want:
+        if m.max_parallelism == self.max_parallelism and got != want:
+            log.warning("attempt %s of checkpoint %d partition %d covers key groups %s, this "
+                        "layout expects %s; treating it as failed", m.attempt,
+                        m.checkpoint_id, partition, got, want)
+            return False
+        if m.max_parallelism != self.max_parallelism:
             raise IncompatibleStateError(
                 f"{m.path}: manifest covers key groups {got} of max_parallelism "
                 f"{m.max_parallelism}, expected {want} of {self.max_parallelism} for partition "
                 f"{partition} of {self.parallelism}; configure the coordinator with the "
                 f"query's parallelism and max_parallelism")
+        return True
 
     def _missing_files(self, m: PartitionManifest, listing: set[str]) -> list[str]:
         missing = []

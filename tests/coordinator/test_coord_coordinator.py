@@ -308,6 +308,15 @@ def test_corrupt_manifest_is_ignored_and_wrong_key_groups_refused(store: Durable
         CheckpointCoordinator(store, OP, 1, MAXP * 2).try_complete(1)
 
 
+def test_attempt_of_another_layout_is_a_failed_attempt_not_a_blocker(store: DurableStore) -> None:
+    # a run with parallelism 2 died after publishing partition 0 of checkpoint 0; the query
+    # then restarted with parallelism 1: completion must pick the new layout's attempt
+    run_attempt(store, 0, 0, "old", ssts("9"), None, parallelism=2, max_parallelism=MAXP)
+    q = Query(store)
+    q.attempt(0, "new", ssts("1"), None)
+    assert q.coord.try_complete(0).manifests[0] == "chk-0/p0/new/_MANIFEST.json"  # type: ignore[union-attr]
+
+
 def test_retained_manifest_missing_at_rebuild_is_reported(store: DurableStore) -> None:
     q = Query(store)
     m = q.attempt(0, "a", ssts("1"), None)
