@@ -11,7 +11,7 @@ processing-time mode, watermark outside event-time mode).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pandas as pd
@@ -22,6 +22,7 @@ from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessorHandle,
     TimerValues,
 )
+from pyspark.sql.types import _create_row
 
 from ..errors import StateError
 from ..state.backend import KeyedStateBackend
@@ -101,20 +102,21 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
     tv = timer_values(ctx, time_mode)
     try:
         if initial is not None:
+            init_rows = _row_slicer(initial) if as_rows else _frame_slicer(initial)
             for i in range(len(initial)):
                 backend.set_current_key(initial.key_bytes[i])
-                rows = initial.rows(i)
                 if as_rows:
-                    for r in _rows(rows):
+                    for r in init_rows(i):
                         processor.handleInitialState(initial.keys[i], r, tv)
                 else:
-                    processor.handleInitialState(initial.keys[i], rows, tv)
+                    processor.handleInitialState(initial.keys[i], init_rows(i), tv)
         # no prefetch: rocksdict multi-get measured slower than single gets here (see notes)
+        rows_of = _row_slicer(groups) if as_rows else _frame_slicer(groups)
+        keys, key_bytes, set_key = groups.keys, groups.key_bytes, backend.set_current_key
         for i in range(len(groups)):
-            backend.set_current_key(groups.key_bytes[i])
-            rows = groups.rows(i)
-            data = iter(_rows(rows)) if as_rows else iter((rows,))
-            _collect(processor.handleInputRows(groups.keys[i], data, tv), out, as_rows)
+            set_key(key_bytes[i])
+            data = iter(rows_of(i)) if as_rows else iter((rows_of(i),))
+            _collect(processor.handleInputRows(keys[i], data, tv), out, as_rows)
         mode = time_mode.lower()
         threshold = (ctx.processing_time_ms if mode == "processingtime"
                      else ctx.watermark_ms if mode == "eventtime" else None)
@@ -129,5 +131,38 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
 
 
 def _rows(pdf: pd.DataFrame) -> list[Row]:
-    cols = list(pdf.columns)
-    return [Row(**dict(zip(cols, vals))) for vals in pdf.itertuples(index=False, name=None)]
+    # how PySpark itself rebuilds Rows (fields as a list), ~3x cheaper than Row(**dict)
+    cols = [str(c) for c in pdf.columns]
+    return [_create_row(cols, vals) for vals in pdf.itertuples(index=False, name=None)]
+
+
+def _frame_slicer(groups: KeyGroups) -> Callable[[int], pd.DataFrame]:
+    """``i -> rows of key i`` as a view of the sorted batch.
+
+    Slicing the block manager directly costs ~8 us per key here against ~12-17 us for
+    ``iloc``, which goes through pandas' indexing machinery every time; with a processor
+    that does nothing that is most of our per-key cost. Falls back to ``iloc`` on a pandas
+    without these internals.
+    """
+    frame = groups.frame
+    starts, ends = groups.starts.tolist(), groups.ends.tolist()
+    try:
+        mgr = frame._mgr
+        from_mgr = type(frame)._from_mgr
+        probe = mgr.get_slice(slice(0, 0), axis=1)
+        from_mgr(probe, axes=probe.axes)
+    except (AttributeError, TypeError):
+        return groups.rows
+
+    def rows(i: int) -> pd.DataFrame:
+        m = mgr.get_slice(slice(starts[i], ends[i]), axis=1)
+        return from_mgr(m, axes=m.axes)
+
+    return rows
+
+
+def _row_slicer(groups: KeyGroups) -> Callable[[int], list[Row]]:
+    """``i -> Rows of key i``: the batch's Rows are built in one pass, not one per key."""
+    all_rows = _rows(groups.frame)
+    starts, ends = groups.starts.tolist(), groups.ends.tolist()
+    return lambda i: all_rows[starts[i]:ends[i]]
