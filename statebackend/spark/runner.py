@@ -241,7 +241,8 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """One frame from many small ones (typically one per key).
 
     ``pd.concat`` costs ~45 us per input frame here; when every frame has the same
-    columns with plain numpy dtypes, concatenating the column arrays costs ~15 us.
+    columns with plain numpy dtypes, concatenating the column arrays costs ~4 us (reading
+    each column with ``iget_values``: ``DataFrame.dtypes`` builds a Series per frame, ~18 us).
     """
     if len(frames) == 1:
         return frames[0]
@@ -252,10 +253,14 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
         if all(isinstance(d, np.dtype) for d in dtypes) and first.columns.is_unique:
             parts: list[list[np.ndarray]] = [[] for _ in cols]
             for f in frames:
-                if list(f.columns) != cols or list(f.dtypes) != dtypes:
+                if f.columns.tolist() != cols:
                     raise ValueError("mixed frames")
-                for i, arr in enumerate(f._mgr.column_arrays):
-                    parts[i].append(arr)
+                mgr = f._mgr
+                for i, part in enumerate(parts):
+                    arr = mgr.iget_values(i)
+                    if arr.dtype != dtypes[i]:
+                        raise ValueError("mixed frames")
+                    part.append(arr)
             return pd.DataFrame({c: np.concatenate(p) for c, p in zip(cols, parts)}, columns=cols)
     except (AttributeError, ValueError):
         pass
