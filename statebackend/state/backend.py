@@ -137,7 +137,8 @@ class KeyedStateBackend:
             raise OptionsError("max_dirty_entries", max_dirty_entries,
                                "max_dirty_entries must be >= 1 and max_cached_entries >= 0")
         self._instance = instance
-        self._clock: Callable[[], int] = clock or _wall_clock_ms
+        self._source_clock: Callable[[], int] = clock or _wall_clock_ms
+        self._clock_high = _INT64[0]
         self.max_dirty_entries = max_dirty_entries
         self.max_cached_entries = max_cached_entries
         self._current_key: bytes | None = None
@@ -153,6 +154,20 @@ class KeyedStateBackend:
         self._timer_service_name = timer_service
         self._timers: TimerService | None = None
         self._switch_timer_service()
+
+    def _clock(self) -> int:
+        """Processing time for TTL, never earlier than a time this backend already used.
+
+        Clocks jump (an NTP step on the driver that stamps batches, or on the executor that
+        runs an empty partition): a value found expired must not come back when the clock
+        steps back before the purge has removed it. Across checkpoints the purge at the end
+        of every batch gives the same guarantee.
+        """
+        now = int(self._source_clock())
+        if now < self._clock_high:
+            return self._clock_high
+        self._clock_high = now
+        return now
 
     # --- binding column families to caches ---------------------------------------------
 
