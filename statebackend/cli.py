@@ -7,9 +7,12 @@
     statebackend read     URL OPERATOR -o out.parquet  dump state to Parquet or CSV
     statebackend metrics  URL OPERATOR                 per-checkpoint metrics (JSON lines)
     statebackend savepoint URL OPERATOR [--name N]     self-contained savepoint of a checkpoint
+    statebackend migrate-savepoint URL OPERATOR NAME NEW_NAME --max-parallelism M
+                                                       savepoint NAME rekeyed for M key groups
 
 ``URL`` is the backend's ``checkpoint_location`` (a path or any fsspec URL). Nothing here
-writes to the store except ``gc`` without ``--dry-run`` and ``savepoint``.
+writes to the store except ``gc`` without ``--dry-run``, ``savepoint`` and
+``migrate-savepoint`` (which writes a new savepoint and never changes its source).
 
 Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
 3 no such operator or checkpoint; 4 storage failure or unreadable state.
@@ -35,7 +38,7 @@ from .checkpoint.manifest import (
     check_component,
     completed_record_path,
 )
-from .errors import CheckpointNotFoundError, StateBackendError, StorageError
+from .errors import CheckpointNotFoundError, OptionsError, StateBackendError, StorageError
 from .storage.base import DurableStore, StoreFileNotFoundError, Transfer
 from .storage.checksum import crc32_stream
 
@@ -569,6 +572,36 @@ def cmd_savepoint(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_migrate_savepoint(args: argparse.Namespace, out: TextIO) -> int:
+    from .savepoint.migrate import migrate_savepoint
+    from .savepoint.writer import savepoint_dir
+
+    store = _open(args)
+    key_types = [t.strip() for t in args.key_types.split(",")] if args.key_types else None
+    try:
+        m = migrate_savepoint(store, args.operator, args.name, args.new_name,
+                              args.max_parallelism, key_types=key_types,
+                              parallelism=args.parallelism, compression=args.compression)
+    except OptionsError as exc:  # a bad --max-parallelism, --parallelism or --key-types
+        sys.stderr.write(f"statebackend: {exc}\n")
+        return EXIT_USAGE
+    where = f"{args.operator}/{savepoint_dir(m.name)}"
+    src = m.metrics["migrated_from"]
+    if args.json:
+        out.write(json.dumps({"name": m.name, "path": where, "source": args.name,
+                              "max_parallelism": m.max_parallelism,
+                              "parallelism": m.parallelism, "files": len(m.files),
+                              **{k: v for k, v in m.metrics.items()
+                                 if k != "migrated_from"}}) + "\n")
+    else:
+        out.write(f"savepoint {m.name}: {args.name} rekeyed from max_parallelism="
+                  f"{src['max_parallelism']} to {m.max_parallelism}, {len(m.files)} files, "
+                  f"{m.metrics.get('entries', 0)} entries, "
+                  f"{_size(m.metrics.get('stored_bytes', 0))} at {where}; start the query "
+                  f"with max_parallelism={m.max_parallelism} and from_savepoint={m.name!r}\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statebackend", description="Inspect, verify, garbage-collect and read the "
@@ -643,6 +676,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=int, default=None, help="default: the latest")
     p.add_argument("--compression", choices=["snappy", "none"], default="snappy")
     p.set_defaults(func=cmd_savepoint)
+
+    p = sub.add_parser("migrate-savepoint",
+                       help="rewrite a savepoint for another max_parallelism (a new savepoint)")
+    common(p)
+    p.add_argument("name", metavar="NAME", help="the savepoint to read")
+    p.add_argument("new_name", metavar="NEW_NAME", help="the savepoint to write (must not exist)")
+    p.add_argument("--max-parallelism", type=int, required=True, metavar="M",
+                   help="key groups of the new savepoint")
+    p.add_argument("--parallelism", type=int, default=None, metavar="P",
+                   help="data files (partitions) of the new savepoint; default the source's")
+    p.add_argument("--key-types", default=None,
+                   help="grouping-key types, comma separated, if the savepoint lacks them")
+    p.add_argument("--compression", choices=["snappy", "none"], default=None,
+                   help="default: the source's")
+    p.set_defaults(func=cmd_migrate_savepoint)
 
     p = sub.add_parser("metrics", help="per-checkpoint metrics recorded beside the checkpoints")
     common(p)

@@ -323,6 +323,9 @@ class SavepointManifest:
 
     ``files`` maps data file names to ``{"key_group_start", "key_group_end", "size",
     "checksum"}``; together they cover ``0..max_parallelism-1`` exactly once.
+    ``metrics`` may hold ``key_types`` and ``key_columns`` (how grouping keys decode, so a
+    :func:`~statebackend.savepoint.migrate.migrate_savepoint` can rehash them without
+    being told) and, for a migrated savepoint, ``migrated_from``.
     """
 
     name: str

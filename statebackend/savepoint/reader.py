@@ -59,7 +59,10 @@ def check_max_parallelism(found: int, configured: int, where: str) -> None:
             f"max_parallelism={configured}. Key groups are fixed for the life of the state: "
             f"run with max_parallelism={found}, or migrate offline by reading a savepoint "
             f"with max_parallelism={found} and writing a new one with {configured} "
-            f"(every key is rehashed to its new key group), then start from that savepoint")
+            f"(every key is rehashed to its new key group): `statebackend migrate-savepoint "
+            f"URL OPERATOR NAME NEW_NAME --max-parallelism {configured}` or "
+            f"statebackend.savepoint.migrate.migrate_savepoint(...), then start from the new "
+            f"savepoint")
 
 
 @dataclass(frozen=True)

@@ -248,9 +248,14 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     files: dict[str, dict] = {}
     states: dict[str, StateDescriptor] = {}
     raw = stored = entries = 0
+    key_info: dict[str, list[str]] = {}
     try:
         for p in sorted(record.manifests):
             m = read_manifest(op_store, record.manifests[p])
+            for k in ("key_columns", "key_types"):
+                # How grouping keys decode: a max_parallelism migration rehashes them.
+                if k not in key_info and m.metrics.get(k):
+                    key_info[k] = list(m.metrics[k])
             rng = KeyGroupRange(m.key_group_start, m.key_group_end)
             fname = data_file_name(rng.start, rng.end)
             local_file = os.path.join(scratch, fname)
@@ -273,7 +278,7 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
             states=tuple(states[k] for k in sorted(states)),
             metrics={"entries": entries, "raw_bytes": raw, "stored_bytes": stored,
                      "seconds": time.perf_counter() - t0,
-                     "max_event_time_ms": _max_event_time(op_store, record)},
+                     "max_event_time_ms": _max_event_time(op_store, record), **key_info},
             created_at_ms=int(time.time() * 1000))
         # Published last (invariant 3): a reader never sees a savepoint missing a file.
         op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())

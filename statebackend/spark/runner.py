@@ -155,8 +155,11 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
     if base is not None and base.max_parallelism != config.max_parallelism:
         raise IncompatibleStateError(
             f"state was written with max_parallelism={base.max_parallelism}, this query uses "
-            f"{config.max_parallelism}; it is fixed for the life of the state (write a "
-            f"savepoint with the old value and restore it with the new one to migrate)")
+            f"{config.max_parallelism}; it is fixed for the life of the state. To migrate, "
+            f"write a savepoint with the old value, rewrite it for the new one with "
+            f"`statebackend migrate-savepoint URL OPERATOR NAME NEW_NAME --max-parallelism "
+            f"{config.max_parallelism}` (or statebackend.savepoint.migrate.migrate_savepoint), "
+            f"and start from the new savepoint)")
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
