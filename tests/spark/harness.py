@@ -40,3 +40,34 @@ def assert_same(ours: dict[int, pd.DataFrame], theirs: dict[int, pd.DataFrame]) 
         a = ours[b].astype({c: "int64" for c in ours[b].columns if c == "v"})
         e = theirs[b].astype({c: "int64" for c in theirs[b].columns if c == "v"})
         pd.testing.assert_frame_equal(a, e, check_dtype=False, obj=f"micro-batch {b}")
+
+
+def random_batches(n: int, seed: int, rows: int = 50, keys: int = 9) -> list[pd.DataFrame]:
+    """``n`` micro-batches of (k, x, ts) rows over ``keys`` keys."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [pd.DataFrame({"k": [f"k{i}" for i in rng.integers(0, keys, rows)],
+                          "x": rng.integers(0, 10, rows).astype("int64"),
+                          "ts": pd.Timestamp("2026-01-01")}) for _ in range(n)]
+
+
+def running_counts(data: list[pd.DataFrame]) -> tuple[dict[int, pd.DataFrame], dict[str, int]]:
+    """What RunningCount outputs per micro-batch in a failure-free run, and the final counts."""
+    totals: dict[str, int] = {}
+    out = {}
+    for b, pdf in enumerate(data):
+        counts = pdf.groupby("k").size()
+        for k, n in counts.items():
+            totals[k] = totals.get(k, 0) + int(n)
+        out[b] = pd.DataFrame({"k": list(counts.index), "v": [totals[k] for k in counts.index]}
+                              ).sort_values(["k", "v"]).reset_index(drop=True)
+    return out, totals
+
+
+def check_batches(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -> None:
+    """Same micro-batches, each with the same rows (v compared as integers)."""
+    assert sorted(ours) == sorted(ref)
+    for b in ref:
+        pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
+                                      obj=f"micro-batch {b}")

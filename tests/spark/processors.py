@@ -128,41 +128,18 @@ class EventTimer(StatefulProcessor):
         pass
 
 
-class TtlCount(StatefulProcessor):
+class TtlCount(RunningCount):
     """A count whose state expires 1 ms after each update: every batch starts over."""
 
     def init(self, handle):
         self.count = handle.getValueState("count", "count BIGINT", 1)
 
-    def handleInputRows(self, key, rows, timerValues):
-        n = sum(len(pdf) for pdf in rows)
-        old = self.count.get()
-        total = n + (old[0] if old is not None else 0)
-        self.count.update((total,))
-        yield pd.DataFrame({"k": [key[0]], "v": [total]})
 
-    def close(self):
-        pass
-
-
-class InitialCount(StatefulProcessor):
+class InitialCount(RunningCount):
     """RunningCount that starts from an initial-state DataFrame (k, init)."""
-
-    def init(self, handle):
-        self.count = handle.getValueState("count", "count BIGINT")
 
     def handleInitialState(self, key, initialState, timerValues):
         self.count.update((int(initialState["init"].iloc[0]),))
-
-    def handleInputRows(self, key, rows, timerValues):
-        n = sum(len(pdf) for pdf in rows)
-        old = self.count.get()
-        total = n + (old[0] if old is not None else 0)
-        self.count.update((total,))
-        yield pd.DataFrame({"k": [key[0]], "v": [total]})
-
-    def close(self):
-        pass
 
 
 def count_fn(key, pdfs, state):

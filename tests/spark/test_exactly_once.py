@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pandas as pd
 import processors as P
 import pytest
-from harness import run_stream, write_batches
+from harness import check_batches, random_batches, run_stream, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -19,31 +18,15 @@ SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 
 
-def batches(n: int, seed: int = 3, rows: int = 50, keys: int = 9) -> list[pd.DataFrame]:
-    rng = np.random.default_rng(seed)
-    return [pd.DataFrame({"k": [f"k{i}" for i in rng.integers(0, keys, rows)],
-                          "x": rng.integers(0, 10, rows).astype("int64"),
-                          "ts": pd.Timestamp("2026-01-01")}) for _ in range(n)]
+def batches(n: int, seed: int = 3) -> list[pd.DataFrame]:
+    return random_batches(n, seed)
 
 
 def reference_running_counts(data: list[pd.DataFrame]) -> dict[int, pd.DataFrame]:
-    """What RunningCount outputs per batch in a failure-free run."""
-    totals: dict[str, int] = {}
-    out = {}
-    for b, pdf in enumerate(data):
-        counts = pdf.groupby("k").size()
-        for k, n in counts.items():
-            totals[k] = totals.get(k, 0) + int(n)
-        out[b] = pd.DataFrame({"k": list(counts.index), "v": [totals[k] for k in counts.index]}
-                              ).sort_values(["k", "v"]).reset_index(drop=True)
-    return out
+    return running_counts(data)[0]
 
 
-def check(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -> None:
-    assert sorted(ours) == sorted(ref)
-    for b in ref:
-        pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
-                                      obj=f"micro-batch {b}")
+check = check_batches
 
 
 def make_backend(tmp_path) -> RocksDBStateBackend:

@@ -16,10 +16,9 @@ import random
 import shutil
 
 import fault_procs as F
-import numpy as np
 import pandas as pd
 import pytest
-from harness import write_batches
+from harness import check_batches, random_batches, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.recovery.restart import ExponentialDelay, ManualClock
@@ -34,31 +33,16 @@ OP = "counts"
 log = logging.getLogger("statebackend.tests.faults")
 
 
-def batches(n: int, seed: int = 21, rows: int = 40, keys: int = 8) -> list[pd.DataFrame]:
-    rng = np.random.default_rng(seed)
-    return [pd.DataFrame({"k": [f"k{i}" for i in rng.integers(0, keys, rows)],
-                          "x": rng.integers(0, 10, rows).astype("int64"),
-                          "ts": pd.Timestamp("2026-01-01")}) for _ in range(n)]
+def batches(n: int, seed: int = 21) -> list[pd.DataFrame]:
+    return random_batches(n, seed, rows=40, keys=8)
 
 
 def reference(data: list[pd.DataFrame]) -> dict[int, pd.DataFrame]:
     """RunningCount's output per micro-batch in a failure-free run."""
-    totals: dict[str, int] = {}
-    out = {}
-    for b, pdf in enumerate(data):
-        counts = pdf.groupby("k").size()
-        for k, n in counts.items():
-            totals[k] = totals.get(k, 0) + int(n)
-        out[b] = pd.DataFrame({"k": list(counts.index), "v": [totals[k] for k in counts.index]}
-                              ).sort_values(["k", "v"]).reset_index(drop=True)
-    return out
+    return running_counts(data)[0]
 
 
-def check(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -> None:
-    assert sorted(ours) == sorted(ref)
-    for b in ref:
-        pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
-                                      obj=f"micro-batch {b}")
+check = check_batches
 
 
 def add_batch(in_dir: str, i: int, pdf: pd.DataFrame) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import processors as P
 import pytest
-from harness import run_stream, write_batches
+from harness import check_batches, run_stream, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -32,17 +32,7 @@ def batches(n: int, seed: int, rows: int = 60, keys: int = 40) -> list[pd.DataFr
     return [pdf.assign(x=np.int64(1), ts=pd.Timestamp("2026-01-01")) for pdf in out]
 
 
-def reference(data: list[pd.DataFrame]) -> tuple[dict[int, pd.DataFrame], dict[str, int]]:
-    """Per-batch output and final counts of RunningCount over all of ``data``."""
-    totals: dict[str, int] = {}
-    out = {}
-    for b, pdf in enumerate(data):
-        counts = pdf.groupby("k").size()
-        for k, n in counts.items():
-            totals[k] = totals.get(k, 0) + int(n)
-        out[b] = pd.DataFrame({"k": list(counts.index), "v": [totals[k] for k in counts.index]}
-                              ).sort_values(["k", "v"]).reset_index(drop=True)
-    return out, totals
+reference = running_counts
 
 
 def backend(state: str, local: str, parallelism: int, **kw) -> RocksDBStateBackend:
@@ -57,11 +47,7 @@ def run(spark, be: RocksDBStateBackend, in_dir: str, ck: str) -> dict[int, pd.Da
                                                          operator_id=OP), ck)
 
 
-def check(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -> None:
-    assert sorted(ours) == sorted(ref)
-    for b in ref:
-        pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
-                                      obj=f"micro-batch {b}")
+check = check_batches
 
 
 @pytest.mark.parametrize("new_p", [1, 3, 4])
