@@ -40,8 +40,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import (
     CorruptStateError,
@@ -51,7 +53,7 @@ from ..errors import (
     StorageError,
 )
 from ..keycodec import decode_grouping_key
-from ..keygroups import check_parallelism, key_group, key_group_range, normalise_type
+from ..keygroups import check_parallelism, key_group_range, normalise_type, spark_hashes
 from ..rocksdb.instance import RocksDBInstance
 from ..state.layout import KG_LEN, TS_LEN
 from ..storage.base import DurableStore
@@ -115,47 +117,100 @@ class KeyRehasher:
             f"{self.types}: {why}. Pass the key types the query grouped by (key_types=, "
             f"--key-types)")
 
+    def prime(self, grouping_keys: Iterable[bytes], cf: str) -> None:
+        """Compute the new prefixes of many grouping keys at once (one vectorised hash).
+
+        Each key is decoded, hashed once, and checked to hash to its stored key group
+        with the old ``max_parallelism``; :meth:`new_prefix` then finds it cached.
+        """
+        todo = [gk for gk in dict.fromkeys(grouping_keys) if gk not in self._prefix]
+        if not todo:
+            return
+        rows = []
+        for gk in todo:
+            _, values, consumed = self._decode(gk, cf)
+            if consumed != len(gk):
+                raise self._wrong_types(cf, gk, f"{len(gk) - consumed} bytes are left over")
+            rows.append(values)
+        cols = [list(c) for c in zip(*rows)]
+        try:
+            hashes = spark_hashes(cols, self.types).astype(np.int64)
+        except SchemaError as exc:
+            raise self._wrong_types(cf, todo[0], f"it does not hash ({exc})") from None
+        old = hashes % self.old_max_parallelism  # numpy's % is pmod for a positive divisor
+        new = hashes % self.new_max_parallelism
+        for gk, o, n in zip(todo, old.tolist(), new.tolist()):
+            stored = (gk[0] << 8) | gk[1]
+            if o != stored:
+                raise self._wrong_types(
+                    cf, gk, f"it hashes to key group {o} with max_parallelism="
+                    f"{self.old_max_parallelism} but is stored in key group {stored}")
+            self._prefix[gk] = n.to_bytes(KG_LEN, "big")
+
     def new_prefix(self, gk: bytes, cf: str) -> bytes:
         """New key-group prefix of grouping key ``gk`` (exactly one grouping key)."""
         p = self._prefix.get(gk)
         if p is None:
-            old_kg, values, consumed = self._decode(gk, cf)
-            if consumed != len(gk):
-                raise self._wrong_types(cf, gk, f"{len(gk) - consumed} bytes are left over")
-            self._check_old(old_kg, values, gk, cf)
-            p = self._prefix[gk] = key_group(values, self.types,
-                                             self.new_max_parallelism).to_bytes(KG_LEN, "big")
+            self.prime((gk,), cf)
+            p = self._prefix[gk]
         return p
-
-    def _head_prefix(self, data: bytes, cf: str) -> tuple[bytes, int]:
-        """New prefix and length of the grouping key at the head of ``data``."""
-        _, _, consumed = self._decode(data, cf)
-        return self.new_prefix(bytes(data[:consumed]), cf), consumed
-
-    def _check_old(self, old_kg: int, values: tuple, gk: bytes, cf: str) -> None:
-        again = key_group(values, self.types, self.old_max_parallelism)
-        if again != old_kg:
-            raise self._wrong_types(
-                cf, gk, f"it hashes to key group {again} with max_parallelism="
-                f"{self.old_max_parallelism} but is stored in key group {old_kg}")
 
     # --- whole keys, by layout ---------------------------------------------------------
 
-    def _entry_key(self, key: bytes, kind: str | None, cf: str) -> bytes:
-        """A state's (or ``_timers``') key: a grouping key, possibly with a suffix."""
+    def _split_entry(self, key: bytes, kind: str | None, cf: str) -> bytes:
+        """The grouping key at the head of a state's (or ``_timers``') key."""
         if kind in _VALUE_LIKE:
-            return self.new_prefix(key, cf) + key[KG_LEN:]
+            return key
         if kind in _COMPOSITE:
             if len(key) < KG_LEN + 4:
                 raise self._wrong_types(cf, key, "it is too short for a composite key")
             n = int.from_bytes(key[-4:], "big")
             if not KG_LEN <= n <= len(key) - 4:
                 raise self._wrong_types(cf, key, f"its grouping-key length {n} is impossible")
-            return self.new_prefix(key[:n], cf) + key[KG_LEN:]
+            return key[:n]
         # A state no descriptor describes (an index entry of a deleted state): the
         # encoding is self-delimiting given the types, so the head still decodes.
-        prefix, _ = self._head_prefix(key, cf)
-        return prefix + key[KG_LEN:]
+        return key[:self._decode(key, cf)[2]]
+
+    def _ttl_parts(self, key: bytes) -> tuple[int, str, bytes]:
+        """``(end of the state name, state name, RocksDB key)`` of a TTL index entry."""
+        head = KG_LEN + TS_LEN
+        if len(key) <= head:
+            raise self._wrong_types(_TTL_CF, key, "it is too short for a TTL index entry")
+        n = key[head]
+        end = head + 1 + n
+        rocks_key = key[end:]
+        if rocks_key[:KG_LEN] != key[:KG_LEN]:
+            raise CorruptStateError(f"TTL index entry {key[:32]!r} is in another key group "
+                                    f"than the entry it indexes")
+        return end, key[head + 1:end].decode("utf-8", errors="replace"), rocks_key
+
+    def grouping_key(self, cf: str, key: bytes) -> bytes:
+        """The grouping key a key of column family ``cf`` belongs to.
+
+        Raises
+        ------
+        IncompatibleStateError
+            The column family has an unknown layout, or the key does not fit it.
+        """
+        if cf == _TIMERS_BY_TIME_CF:
+            head = KG_LEN + TS_LEN
+            if key[:KG_LEN] != key[head:head + KG_LEN]:
+                raise CorruptStateError(f"timer {key[:32]!r} is in another key group than its "
+                                        f"grouping key")
+            return key[head:]
+        if cf == _TTL_CF:
+            _, state, rocks_key = self._ttl_parts(key)
+            return self._split_entry(rocks_key, self.kinds.get(state), f"{cf}/{state}")
+        if cf == _TIMERS_CF:
+            return self._split_entry(key, "timers", cf)
+        kind = self.kinds.get(cf)
+        if kind is None:
+            raise IncompatibleStateError(
+                f"column family {cf!r} holds entries but no state descriptor says how its keys "
+                f"are laid out; this migration knows value, list, reducing, aggregating and "
+                f"map states, timers and the TTL index")
+        return self._split_entry(key, kind, cf)
 
     def rewrite(self, cf: str, key: bytes) -> bytes:
         """The key ``key`` of column family ``cf`` with every key group rewritten.
@@ -167,35 +222,14 @@ class KeyRehasher:
             to the key group it is stored in (wrong key types), or the column family has
             an unknown layout.
         """
+        p = self.new_prefix(self.grouping_key(cf, key), cf)
         if cf == _TIMERS_BY_TIME_CF:
             head = KG_LEN + TS_LEN
-            if key[:KG_LEN] != key[head:head + KG_LEN]:
-                raise CorruptStateError(f"timer {key[:32]!r} is in another key group than its "
-                                        f"grouping key")
-            p = self.new_prefix(key[head:], cf)
             return p + key[KG_LEN:head] + p + key[head + KG_LEN:]
         if cf == _TTL_CF:
-            head = KG_LEN + TS_LEN
-            if len(key) <= head:
-                raise self._wrong_types(cf, key, "it is too short for a TTL index entry")
-            start = head + 1
-            n = key[head]
-            state = key[start:start + n].decode("utf-8", errors="replace")
-            rocks_key = key[start + n:]
-            if rocks_key[:KG_LEN] != key[:KG_LEN]:
-                raise CorruptStateError(f"TTL index entry {key[:32]!r} is in another key group "
-                                        f"than the entry it indexes")
-            new_rk = self._entry_key(rocks_key, self.kinds.get(state), f"{cf}/{state}")
-            return new_rk[:KG_LEN] + key[KG_LEN:start + n] + new_rk
-        if cf == _TIMERS_CF:
-            return self._entry_key(key, "timers", cf)
-        kind = self.kinds.get(cf)
-        if kind is None:
-            raise IncompatibleStateError(
-                f"column family {cf!r} holds entries but no state descriptor says how its keys "
-                f"are laid out; this migration knows value, list, reducing, aggregating and "
-                f"map states, timers and the TTL index")
-        return self._entry_key(key, kind, cf)
+            end = self._ttl_parts(key)[0]
+            return p + key[KG_LEN:end] + p + key[end + KG_LEN:]
+        return p + key[KG_LEN:]
 
 
 def _kinds(meta: dict[bytes, bytes]) -> dict[str, str]:
@@ -361,12 +395,15 @@ def _rekey_into(reader: SavepointReader, inst: RocksDBInstance, key_types: Seque
                            _kinds(glob.get("_meta", {})))
     keyed = pending = 0
     batch: dict[str, dict[bytes, bytes | None]] = {}
+    rewrite = rehasher.rewrite
     for kg in range(src.max_parallelism):
-        for cf, entries in reader.read_key_group(kg).items():
-            if cf in GLOBAL_COLUMN_FAMILIES:
-                continue  # not stored per key group; defensive
+        blocks = {cf: entries for cf, entries in reader.read_key_group(kg).items()
+                  if cf not in GLOBAL_COLUMN_FAMILIES}  # those are not stored per key group
+        for cf, entries in blocks.items():
+            # Hash every grouping key of the key group in one vectorised call.
+            rehasher.prime([rehasher.grouping_key(cf, k) for k, _ in entries], cf)
+        for cf, entries in blocks.items():
             out = batch.setdefault(cf, {})
-            rewrite = rehasher.rewrite
             for k, v in entries:
                 out[rewrite(cf, k)] = v
             keyed += len(entries)
