@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import MAXP, OP, build_operator, dump, merged, opts, restrict
+from savepoint_helpers import MAXP, OP, build_operator, dump, merged, opts, restrict
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.errors import IncompatibleStateError

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import MAXP, OP, build_operator, dump, merged, opts, restrict
+from savepoint_helpers import MAXP, OP, build_operator, dump, merged, opts, restrict
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.errors import (
@@ -117,7 +117,7 @@ def test_savepoint_outlives_retention_of_its_checkpoint(store, tmp_path: Path):
     coord, _ = build_operator(store, tmp_path, 2, batches=1)
     sp = create_savepoint(store, OP, "keep")
     # more checkpoints than retained: checkpoint 0 and its files go
-    from conftest import encoded_keys, fill
+    from savepoint_helpers import encoded_keys, fill
 
     from statebackend.state.backend import KeyedStateBackend
     for b in range(1, 4):
