@@ -642,8 +642,9 @@ def check_parallelism(parallelism: int, max_parallelism: int) -> None:
             or not 1 <= parallelism <= max_parallelism):
         raise OptionsError("parallelism", parallelism,
                            f"parallelism must be an int in 1..max_parallelism "
-                           f"({max_parallelism}), got {parallelism!r}; raise max_parallelism "
-                           "(only possible for new state) or lower parallelism")
+                           f"({max_parallelism}), got {parallelism!r}; lower parallelism, or "
+                           "raise max_parallelism (existing state: through a savepoint "
+                           "rewritten by `statebackend migrate-savepoint`)")
 
 
 def _check_partition(partition: int, parallelism: int) -> None:
