@@ -106,6 +106,13 @@ def passthrough(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield pd.DataFrame({"k": g.index, "v": g.to_numpy().astype("int64")})
 
 
+def drain(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Stateless lower bound of the noop workload: reads the input, outputs nothing."""
+    for _ in batches:
+        pass
+    return iter([])
+
+
 def vector_count(batches, state):
     """Batch-at-a-time running count with vectorised state access (``map_in_pandas``)."""
     for pdf in batches:
