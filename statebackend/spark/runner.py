@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +47,9 @@ _STORES: dict[tuple, Any] = {}
 
 def root_store(config: OperatorConfig):
     """One store per location per worker process: pools are reused across tasks."""
-    key = (config.checkpoint_location, tuple(sorted(config.storage_options.items())))
+    # storage options nest (S3's client_kwargs is a dict): key by their canonical JSON
+    key = (config.checkpoint_location,
+           json.dumps(config.storage_options, sort_keys=True, default=repr))
     store = _STORES.get(key)
     if store is None:
         root = open_store(config.checkpoint_location,
