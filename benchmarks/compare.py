@@ -308,7 +308,7 @@ def fmt_bytes(n: float | None) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'workload':9} {'keys':>9} {'system':18} {'events/s':>10} {'x lower':>8} "
             f"{'x TWS':>7} {'p50 ms':>8} {'p95 ms':>8} {'bytes/batch':>12} {'state':>10} "
-            f"{'restart ms':>10}")
+            f"{'restart ms':>10} {'load':>5}")
     lines = [head, "-" * len(head)]
     for r in results:
         xl = r["x_lower"]["events_per_s"]
@@ -319,7 +319,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{(f'{xl:.2f}' if xl else '-'):>8} {(f'{xt:.2f}' if xt else '-'):>7} "
             f"{r['p50_ms'] or 0:>8,.0f} {r['p95_ms'] or 0:>8,.0f} "
             f"{fmt_bytes(r['mean_bytes_per_batch']):>12} {fmt_bytes(r['state_bytes']):>10} "
-            f"{restart:>10}")
+            f"{restart:>10} {r.get('load_avg_1m', 0):>5.1f}")
     return "\n".join(lines)
 
 
@@ -450,13 +450,14 @@ def main(argv: list[str] | None = None) -> int:
                         batches=args.batches, partitions=args.partitions,
                         restart=not args.no_restart)
             r["key_batches"] = key_batches
+            r["load_avg_1m"] = os.getloadavg()[0]  # a shared machine: say how busy it was
             results.append(r)
             print(f"[{i}/{len(plan)}] {wl:8} {keys:>9,} keys  {system.name:18} "
                   f"{r['events_per_s']:>10,.0f} events/s  {r['seconds']:6.1f} s  "
                   f"p50 {r['p50_ms'] or 0:,.0f} ms  p95 {r['p95_ms'] or 0:,.0f} ms  "
                   f"{fmt_bytes(r['mean_bytes_per_batch'])}/batch  "
                   f"state {fmt_bytes(r['state_bytes'])}  "
-                  f"restart {r['restart_ms'] or 0:,.0f} ms  load {os.getloadavg()[0]:.1f}",
+                  f"restart {r['restart_ms'] or 0:,.0f} ms  load {r['load_avg_1m']:.1f}",
                   flush=True)
     finally:
         spark.stop()
