@@ -25,6 +25,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:  # an empty legend only warns
+        ax.legend(fontsize=7)
+
+
 def _load(path: str) -> dict[str, Any]:
     with open(path) as fh:
         return json.load(fh)
@@ -52,7 +57,7 @@ def plot_compare(path: str, out_dir: str, restore_json: str | None = None) -> li
     ax.set_ylabel("events/s (count workload)")
     ax.set_title("Throughput vs number of keys")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
     p = os.path.join(out_dir, "throughput_vs_keys.png")
     fig.tight_layout()
     fig.savefig(p, dpi=110)
@@ -73,7 +78,7 @@ def plot_compare(path: str, out_dir: str, restore_json: str | None = None) -> li
     ax.set_ylabel("kB written")
     ax.set_yscale("symlog")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
     p = os.path.join(out_dir, "bytes_per_checkpoint.png")
     fig.tight_layout()
     fig.savefig(p, dpi=110)
@@ -100,7 +105,7 @@ def plot_compare(path: str, out_dir: str, restore_json: str | None = None) -> li
     ax.set_ylabel("ms")
     ax.set_title("Restore time vs state size")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
     p = os.path.join(out_dir, "restore_vs_state.png")
     fig.tight_layout()
     fig.savefig(p, dpi=110)
