@@ -20,6 +20,7 @@ All outputs have the schema ``OUT`` so one sink serves every run.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -45,13 +46,16 @@ def make_input(path: str, keys: int, events: int, batches: int, *, seed: int = 4
     per = max(1, events // batches)
     names = np.array([f"key-{i:07d}" for i in range(keys)], dtype=object)
     base = pd.Timestamp("2024-01-01")
+    stamp = time.time()
     for b in range(first_batch, first_batch + batches):
         ts = base + pd.to_timedelta(b * BATCH_SPAN_S + rng.uniform(0, BATCH_SPAN_S, per), unit="s")
+        file = os.path.join(path, f"part-{b:05d}.parquet")
         pd.DataFrame({"k": names[rng.integers(0, keys, per)],
                       "x": rng.integers(0, 100, per).astype("int64"),
                       "ts": ts}).to_parquet(
-            os.path.join(path, f"part-{b:05d}.parquet"), index=False,
-            coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads us
+            file, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads us
+        # the file source reads the oldest file first: one second apart keeps batch order
+        os.utime(file, (stamp + b, stamp + b))
 
 
 # --- count ---------------------------------------------------------------------------

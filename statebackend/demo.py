@@ -71,6 +71,9 @@ def write_input(input_dir: str, batches: int, events: int, keys: int) -> None:
             make_events(b, events, keys).to_parquet(tmp, index=False, coerce_timestamps="us",
                                                     allow_truncated_timestamps=True)
             os.replace(tmp, path)  # the file source must never see a half-written file
+            # it reads the oldest file first: a second apart keeps the batches in order
+            stamp = time.time() + b
+            os.utime(path, (stamp, stamp))
 
 
 def expected_totals(batches: int, events: int, keys: int) -> pd.DataFrame:

@@ -256,7 +256,7 @@ def test_validation_errors(call) -> None:  # noqa: ANN001
 
 def test_validation_message_says_what_to_do() -> None:
     with pytest.raises(OptionsError, match=r"parallelism must be an int in 1..max_parallelism "
-                                           r"\(128\), got 200; raise max_parallelism"):
+                                           r"\(128\), got 200; lower parallelism, or raise max_parallelism"):
         check_parallelism(200, 128)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,8 +44,13 @@ def main(work: str) -> dict:
                           "x": rng.integers(0, 10, 40).astype("int64")}) for _ in range(3)]
     in_dir = os.path.join(work, "in")
     os.makedirs(in_dir, exist_ok=True)
+    base = time.time()
     for i, pdf in enumerate(data):
         pdf.to_parquet(os.path.join(in_dir, f"part-{i:05d}.parquet"), index=False)
+        # one second apart: Spark's file source reads the oldest file first and breaks
+        # ties in listing order, so equal times could reorder the micro-batches
+        path = os.path.join(in_dir, f"part-{i:05d}.parquet")
+        os.utime(path, (base + i, base + i))
     backend = RocksDBStateBackend(os.path.join(work, "state"), StateBackendOptions(
         parallelism=2, local_dir=os.path.join(work, "local")))
     out: dict[int, list] = {}

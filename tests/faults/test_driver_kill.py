@@ -41,8 +41,13 @@ def _write_input(work: str, seed: int) -> list[pd.DataFrame]:
                           "x": rng.integers(0, 10, 30).astype("int64")})
             for _ in range(N_BATCHES)]
     os.makedirs(os.path.join(work, "in"))
+    base = time.time()
     for i, pdf in enumerate(data):
         pdf.to_parquet(os.path.join(work, "in", f"part-{i:05d}.parquet"), index=False)
+        # one second apart: Spark's file source reads the oldest file first and breaks
+        # ties in listing order, so equal times could reorder the micro-batches
+        path = os.path.join(work, "in", f"part-{i:05d}.parquet")
+        os.utime(path, (base + i, base + i))
     return data
 
 

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import pandas as pd
 
 
-def write_batches(input_dir: str, batches: list[pd.DataFrame]) -> None:
+def write_batches(input_dir: str, batches: list[pd.DataFrame], start: int = 0) -> None:
+    """One parquet file per micro-batch, named and dated in batch order.
+
+    Spark's file source takes the oldest new file first (maxFilesPerTrigger=1) and breaks
+    ties in listing order, so files written within one clock tick could be read out of
+    order: each file gets a modification time one second after the previous one.
+    """
     os.makedirs(input_dir, exist_ok=True)
-    for i, pdf in enumerate(batches):
-        pdf.to_parquet(os.path.join(input_dir, f"part-{i:05d}.parquet"), index=False,
-                       coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads us, not ns
+    base = time.time()
+    for i, pdf in enumerate(batches, start=start):
+        path = os.path.join(input_dir, f"part-{i:05d}.parquet")
+        # Spark reads timestamps in microseconds, not pandas' nanoseconds
+        pdf.to_parquet(path, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
+        os.utime(path, (base + i, base + i))
 
 
 def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_dir: str,

@@ -3,8 +3,6 @@ restarts: output and state end identical to a failure-free pandas reference."""
 
 from __future__ import annotations
 
-import os
-
 import pandas as pd
 import processors as P
 import pytest
@@ -53,9 +51,7 @@ def test_query_stopped_and_restarted_continues_from_committed_state(spark, tmp_p
                        lambda df: make_backend(tmp_path).transform_with_state(
                            df.groupBy("k"), P.RunningCount(), OUT, operator_id="rc"), ck)
     # more input arrives while the query is down; a new backend object (new driver state)
-    for i, pdf in enumerate(data[2:], start=2):
-        pdf.to_parquet(os.path.join(in_dir, f"part-{i:05d}.parquet"), index=False,
-                       coerce_timestamps="us", allow_truncated_timestamps=True)
+    write_batches(in_dir, data[2:], start=2)
     second = run_stream(spark, in_dir, SCHEMA,
                         lambda df: make_backend(tmp_path).transform_with_state(
                             df.groupBy("k"), P.RunningCount(), OUT, operator_id="rc"), ck)

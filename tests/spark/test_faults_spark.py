@@ -46,8 +46,7 @@ check = check_batches
 
 
 def add_batch(in_dir: str, i: int, pdf: pd.DataFrame) -> None:
-    pdf.to_parquet(os.path.join(in_dir, f"part-{i:05d}.parquet"), index=False,
-                   coerce_timestamps="us", allow_truncated_timestamps=True)
+    write_batches(in_dir, [pdf], start=i)
 
 
 def start(spark, in_dir: str, build, ck: str, out: dict[int, pd.DataFrame]):

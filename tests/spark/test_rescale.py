@@ -4,7 +4,6 @@ equal a run that never rescaled."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
@@ -62,9 +61,7 @@ def test_restart_with_other_parallelism_from_checkpoint_and_savepoint(spark, tmp
     assert sp.parallelism == 2 and sp.checkpoint_id == 1
 
     # 1. same query, same state location, new parallelism: rescaled from the checkpoint
-    for i, pdf in enumerate(data[2:], start=2):
-        pdf.to_parquet(os.path.join(in_dir, f"part-{i:05d}.parquet"), index=False,
-                       coerce_timestamps="us", allow_truncated_timestamps=True)
+    write_batches(in_dir, data[2:], start=2)
     # a restarted driver: the new backend object replaces the old one for this location
     be2 = backend(state, local, new_p)
     second = run(spark, be2, in_dir, ck)
