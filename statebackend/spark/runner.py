@@ -197,11 +197,13 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     store = operator_store(root, config.operator_id)
     kg_range = kg_range_of(config, partition)
     db_options = to_rocksdict_options(config.options)
-    checkpointer = PartitionCheckpointer(
-        root, config.operator_id, partition, config.options, local_root(config.options),
-        open_instance=lambda path: RocksDBInstance(path, db_options=db_options))
-    restored = obtain_instance(config, store, checkpointer, checkpoint_id,
-                               lambda path: RocksDBInstance(path, db_options=db_options))
+
+    def open_instance(path: str) -> RocksDBInstance:
+        return RocksDBInstance(path, db_options=db_options)
+
+    checkpointer = PartitionCheckpointer(root, config.operator_id, partition, config.options,
+                                         local_root(config.options), open_instance=open_instance)
+    restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     try:
         max_et = restored.max_event_time_ms
