@@ -91,11 +91,11 @@ class RocksDBStateBackend:
         defaulting to ``spark.sql.shuffle.partitions``."""
         if self._explicit_options is None:
             conf = dict(spark.sparkContext.getConf().getAll())
-            conf["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+            conf["spark.sql.shuffle.partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
             return StateBackendOptions.from_spark_conf(conf)
         opts = self._explicit_options
         if opts.parallelism is None:
-            p = int(spark.conf.get("spark.sql.shuffle.partitions"))
+            p = int(str(spark.conf.get("spark.sql.shuffle.partitions")))
             opts = opts.with_(parallelism=p,
                               max_parallelism=max(opts.max_parallelism, default_max_parallelism(p))
                               if p > opts.max_parallelism else opts.max_parallelism)
@@ -388,6 +388,7 @@ class RocksDBStateBackend:
             latest = coord.latest()
             epoch = 0 if latest is None else latest.checkpoint_id + 1
         parallelism = opts.parallelism
+        assert parallelism is not None  # options_for always resolves it
         latest = coord.latest()
         if latest is not None and latest.parallelism != parallelism:
             log.warning("operator %s: state has parallelism %d, query asks for %d",

@@ -116,7 +116,8 @@ class RocksDBInstance:
     def multi_get(self, cf_name: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        return self.column_family(cf_name).get(keys)
+        values: list[bytes | None] = self.column_family(cf_name).get(keys)  # type: ignore[arg-type,assignment]
+        return values
 
     def scan_prefix(self, cf_name: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All entries whose key starts with ``prefix``, in key order."""

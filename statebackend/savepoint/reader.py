@@ -203,9 +203,9 @@ class SavepointReader:
                 instance.column_family(cf)  # every state exists after restore, empty or not
         batch: dict[str, dict[bytes, Any]] = {}
         pending = 0
-        for cf, kv in self.read_global().items():
-            batch.setdefault(cf, {}).update(kv)
-            pending += len(kv)
+        for cf, gkv in self.read_global().items():
+            batch.setdefault(cf, {}).update(gkv)
+            pending += len(gkv)
         if not kg_range.is_empty:
             for name in m.files_for(kg_range.start, kg_range.end):
                 nfiles += 1

@@ -41,7 +41,7 @@ def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGr
             backend.delete_timer(old[0])
             timeout.clear()
         state = GroupState(
-            optionalValue=current,
+            optionalValue=current,  # type: ignore[arg-type]  # GroupState takes any tuple
             batchProcessingTimeMs=ctx.processing_time_ms,
             eventTimeWatermarkMs=wm,
             timeoutConf=timeout_conf,

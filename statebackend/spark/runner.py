@@ -180,7 +180,8 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
 
 
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
-                  process: Callable[[KeyedStateBackend, Any, BatchContext, Iterator], list]
+                  process: Callable[[KeyedStateBackend, Any, BatchContext,
+                                     Callable[[bytes], tuple]], list]
                   ) -> Iterator[pd.DataFrame]:
     """Run one task; ``process(backend, groups, ctx, frames)`` returns the output frames."""
     from ..checkpoint import PartitionCheckpointer
@@ -223,7 +224,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             pdf = pdf.drop(columns=[PTIME_COL], errors="ignore")
             groups = group_by_key(pdf, config.key, kg)
         else:
-            groups = group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key, [])
+            groups = group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key,
+                                  np.zeros(0, np.int32))
         out = process(backend, groups, ctx, lambda k: decode_key(k, config.key))
         backend.purge_expired()
         backend.flush()
@@ -289,7 +291,7 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
         v = None if m is None else m.metrics.get("max_event_time_ms")
         if v is not None:
             latest = int(v) if latest is None else max(latest, int(v))
-    if latest is None:
+    if latest is None or config.watermark is None:
         return 0
     return max(0, latest - config.watermark[1])
 

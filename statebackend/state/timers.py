@@ -18,6 +18,7 @@ on the next call (so a handler that keeps registering past timers cannot loop fo
 
 from __future__ import annotations
 
+import builtins
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -80,7 +81,7 @@ class TimerService(ABC):
         """Delete a timer (no-op when absent)."""
 
     @abstractmethod
-    def list(self, key: bytes) -> list[int]:
+    def list(self, key: bytes) -> builtins.list[int]:
         """Timestamps registered for ``key``, ascending."""
 
     @abstractmethod
@@ -107,7 +108,7 @@ class TimerService(ABC):
                 raw = self._cf.get(ck)
         return raw is not None
 
-    def _scan_by_key(self, key: bytes) -> list[int]:
+    def _scan_by_key(self, key: bytes) -> builtins.list[int]:
         suffix = length_suffix(key)
         merged: dict[bytes, bytes | None] = {
             k: v for k, v in self._backend._instance.scan_prefix(TIMERS_CF, key)
@@ -135,7 +136,7 @@ class RocksDBTimerService(TimerService):
         self._set_by_key(key, ts, False)
         self._by_time[timer_by_time_key(key, ts)] = None
 
-    def list(self, key: bytes) -> list[int]:
+    def list(self, key: bytes) -> builtins.list[int]:
         return self._scan_by_key(key)
 
     def pop_expired(self, up_to_ms: int) -> Iterator[tuple[bytes, int]]:
@@ -143,7 +144,7 @@ class RocksDBTimerService(TimerService):
         self._backend.flush()
         inst = self._backend._instance
         end = encode_ts(up_to_ms + 1)
-        due: list[tuple[int, bytes]] = []
+        due: builtins.list[tuple[int, bytes]] = []
         for kg in list(key_groups(inst, TIMERS_BY_TIME_CF)):
             for k, _ in inst.scan_range(TIMERS_BY_TIME_CF, kg, kg + end):
                 key, ts = split_timer_by_time_key(k)
@@ -151,7 +152,8 @@ class RocksDBTimerService(TimerService):
         due.sort()
         return self._fire(due)
 
-    def _fire(self, due: list[tuple[int, bytes]]) -> Iterator[tuple[bytes, int]]:
+    # builtins.list: the method named list() shadows the builtin inside the class body
+    def _fire(self, due: builtins.list[tuple[int, bytes]]) -> Iterator[tuple[bytes, int]]:
         for ts, key in due:
             if self._has(key, ts):
                 self.delete(key, ts)
@@ -188,11 +190,11 @@ class HeapTimerService(TimerService):
                 del self._by_key[key]
             self._set_by_key(key, ts, False)
 
-    def list(self, key: bytes) -> list[int]:
+    def list(self, key: bytes) -> builtins.list[int]:
         return sorted(self._by_key.get(key, ()))
 
     def pop_expired(self, up_to_ms: int) -> Iterator[tuple[bytes, int]]:
-        due: list[tuple[int, bytes]] = []
+        due: builtins.list[tuple[int, bytes]] = []
         seen: set[tuple[int, bytes]] = set()
         heap = self._heap
         while heap and heap[0][0] <= up_to_ms:
@@ -202,7 +204,8 @@ class HeapTimerService(TimerService):
                 due.append(item)
         return self._fire(due)
 
-    def _fire(self, due: list[tuple[int, bytes]]) -> Iterator[tuple[bytes, int]]:
+    # builtins.list: the method named list() shadows the builtin inside the class body
+    def _fire(self, due: builtins.list[tuple[int, bytes]]) -> Iterator[tuple[bytes, int]]:
         pos = 0
         try:
             while pos < len(due):
