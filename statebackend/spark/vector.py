@@ -12,9 +12,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from ..keycodec import encode_grouping_keys
-from ..keygroups import key_groups
+from .. import _kernels
+from ..keygroups import SEED, _check_max_parallelism, column_specs
 from ..state.backend import KeyedStateBackend
+from ..state.codec import fixed_columns
 
 STATE_NAME = "columnState"
 
@@ -39,9 +40,12 @@ class KeyedColumnState:
         self._backend = backend
         self._key_columns = list(key_columns)
         self._key_types = list(key_types)
+        _check_max_parallelism(max_parallelism)
         self._max_parallelism = max_parallelism
         self._state = backend.value_state(STATE_NAME, value_schema)
         self._fields = list(self._state.codec.schema.names)
+        # Whole-column codec when every value field is numeric/boolean (else None).
+        self._fixed = fixed_columns(self._state.codec.schema)
 
     @property
     def value_columns(self) -> list[str]:
@@ -55,25 +59,67 @@ class KeyedColumnState:
                     for i, c in enumerate(self._key_columns)]
         else:
             cols = [np.asarray(keys, dtype=object)]
-        kgs = key_groups(cols, self._key_types, self._max_parallelism)
-        return encode_grouping_keys([list(c) for c in cols], self._key_types, kgs)
+        # One conversion of the columns feeds both kernels (key groups, then key bytes):
+        # the columns stay numpy arrays, so numeric keys never become Python scalars.
+        hash_specs, encode_specs, n = column_specs(cols, self._key_types)
+        kgs = np.full(n, SEED, dtype=np.int32)
+        _kernels.hash_columns(hash_specs, kgs, self._max_parallelism)
+        return _kernels.encode_keys(encode_specs, kgs)
 
     def get(self, keys) -> pd.DataFrame:
         """Stored values for ``keys`` (a Series, a DataFrame of key columns, or a list),
         one row per key in the same order; missing keys give nulls (NaN/None)."""
-        values = self._state.get_many(self._encode(keys))
-        rows = [v if v is not None else (None,) * len(self._fields) for v in values]
+        raws = self._state.get_many_raw(self._encode(keys))
+        if self._fixed is not None:
+            columns = self._fixed.decode(raws)
+            if columns is not None:
+                return self._frame(columns, len(raws))
+        decode = self._state.codec.decode
+        empty = (None,) * len(self._fields)
+        rows = [empty if r is None else decode(r) for r in raws]
         return pd.DataFrame.from_records(rows, columns=self._fields)
 
+    def _frame(self, columns: list[tuple[np.ndarray, np.ndarray]], n: int) -> pd.DataFrame:
+        """The DataFrame ``from_records`` would build from the decoded tuples (same dtypes:
+        int64/float64/bool without nulls, float64 NaN for numbers with some nulls, object
+        None for booleans with nulls and for all-null or empty columns)."""
+        data: dict[str, np.ndarray] = {}
+        for name, (vals, null) in zip(self._fields, columns):
+            kind = vals.dtype.kind
+            if n == 0 or null.all():
+                col = np.full(n, None, dtype=object)
+            elif not null.any():
+                col = vals.astype(bool if kind == "b" else np.int64 if kind in "iu" else np.float64)
+            elif kind == "b":
+                col = vals.astype(object)
+                col[null] = None
+            else:
+                col = vals.astype(np.float64)
+                col[null] = np.nan
+            data[name] = col
+        return pd.DataFrame(data, columns=self._fields)
+
     def exists(self, keys) -> np.ndarray:
-        return np.array([v is not None for v in self._state.get_many(self._encode(keys))])
+        return np.array([v is not None for v in self._state.get_many_raw(self._encode(keys))],
+                        dtype=bool)
 
     def put(self, keys, values: pd.DataFrame | Sequence[tuple]) -> None:
         """Store one value per key (``values`` rows align with ``keys``)."""
         if isinstance(values, pd.DataFrame):
             frame = values[self._fields] if all(f in values.columns for f in self._fields) else values
+            if self._fixed is not None and frame.shape[1] == len(self._fields):
+                payloads = self._fixed.encode([frame.iloc[:, i].to_numpy()
+                                               for i in range(frame.shape[1])])
+                if payloads is not None:
+                    self._state.put_many_raw(self._encode(keys), payloads)
+                    return
             tuples = list(frame.itertuples(index=False, name=None))
         elif isinstance(values, pd.Series):
+            if self._fixed is not None and len(self._fields) == 1:
+                payloads = self._fixed.encode([values.to_numpy()])
+                if payloads is not None:
+                    self._state.put_many_raw(self._encode(keys), payloads)
+                    return
             tuples = [(v,) for v in values.tolist()]
         else:
             tuples = [tuple(v) if isinstance(v, (tuple, list)) else (v,) for v in values]

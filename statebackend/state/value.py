@@ -90,50 +90,70 @@ class ValueState(KeyedState):
 
     def get_many(self, keys: Sequence[bytes]) -> list[tuple[Any, ...] | None]:
         """Values of ``keys`` (independent of the current key), one multi-get for misses."""
+        decode = self._decode
+        return [None if r is None else decode(r) for r in self.get_many_raw(keys)]
+
+    def get_many_raw(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Encoded values of ``keys`` without their expiry; None when absent or expired.
+
+        For callers that decode whole columns at once (see :class:`~.codec.FixedColumns`).
+        """
         dirty, clean = self._dirty, self._clean
-        raws: list[Any] = [None] * len(keys)
-        missing: list[int] = []
-        for i, k in enumerate(keys):
-            raw = dirty.get(k, MISSING)
-            if raw is MISSING:
-                raw = clean.get(k, MISSING)
-                if raw is MISSING:
-                    missing.append(i)
-                    continue
-            raws[i] = raw
+        # Comprehensions, not a loop with branches: this runs once per key of a batch.
+        raws = [dirty.get(k, MISSING) for k in keys]
+        missing = [i for i, r in enumerate(raws) if r is MISSING]
         if missing:
-            fetched = self._cf.get([keys[i] for i in missing])
+            cget = clean.get
+            for i in missing:
+                raws[i] = cget(keys[i], MISSING)
+            missing = [i for i in missing if raws[i] is MISSING]
+        if missing:
+            wanted = [keys[i] for i in missing]
+            fetched = self._cf.get(wanted)
             for i, raw in zip(missing, fetched):
                 raws[i] = raw
-                clean[keys[i]] = raw
-        decode = self._decode
+            clean.update(zip(wanted, fetched))
         if self.ttl_ms is None:
-            return [None if r is None else decode(r) for r in raws]
+            return raws
         now = self._backend._clock()
-        return [None if r is None or _unpack_exp(r)[0] <= now else decode(r[8:]) for r in raws]
+        return [None if r is None or _unpack_exp(r)[0] <= now else r[8:] for r in raws]
 
     def put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None:
         """Set ``keys[i]`` to ``values[i]`` (independent of the current key)."""
         if len(keys) != len(values):
             raise StateError(f"state {self.name!r}: put_many got {len(keys)} keys and "
                              f"{len(values)} values")
-        encode, dirty = self._encode, self._dirty
-        encoded = [encode(v) for v in values]  # validate everything before writing anything
+        encode = self._encode
+        # Validate everything before writing anything.
+        self.put_many_raw(keys, [encode(v) for v in values])
+
+    def put_many_raw(self, keys: Sequence[bytes], payloads: Sequence[bytes]) -> None:
+        """Set ``keys[i]`` to the already encoded ``payloads[i]`` (TTL prefix added here)."""
+        if len(keys) != len(payloads):
+            raise StateError(f"state {self.name!r}: put_many got {len(keys)} keys and "
+                             f"{len(payloads)} values")
+        dirty = self._dirty
         if self.ttl_ms is not None:
             expiry = self._backend._clock() + self.ttl_ms
             prefix = _pack_exp(expiry)
-            encoded = [prefix + e for e in encoded]
+            payloads = [prefix + e for e in payloads]
             for k in keys:
                 self._index_ttl(k, expiry)
-        for k, e in zip(keys, encoded):
-            dirty[k] = e
+        if dirty.__class__ is dict:
+            dirty.update(zip(keys, payloads))
+        else:  # a dropped state's stand-in raises on item assignment (but not on update)
+            for k, e in zip(keys, payloads):
+                dirty[k] = e
         self._note_writes(len(keys))
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
         """Remove the values of ``keys``."""
         dirty = self._dirty
-        for k in keys:
-            dirty[k] = None
+        if dirty.__class__ is dict:
+            dirty.update(dict.fromkeys(keys))
+        else:  # a dropped state's stand-in raises on item assignment (but not on update)
+            for k in keys:
+                dirty[k] = None
         self._note_writes(len(keys))
 
     # --- helpers ---------------------------------------------------------------------------
