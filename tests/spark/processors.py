@@ -227,3 +227,14 @@ class RowRunningCount(StatefulProcessor):
 
     def close(self):
         pass
+
+
+def vector_count(frames, state):
+    """map_in_pandas: running count per key with whole-column state access."""
+    for pdf in frames:
+        g = pdf.groupby("k").size()
+        keys = pd.Series(g.index, name="k")
+        old = state.get(keys)["c"].fillna(0).astype("int64").to_numpy()
+        new = old + g.to_numpy()
+        state.put(keys, pd.DataFrame({"c": new}))
+        yield pd.DataFrame({"k": g.index, "v": new})
