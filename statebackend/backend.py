@@ -177,6 +177,7 @@ class RocksDBStateBackend:
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
+        config.extra["per_key"] = False  # the function reads whole batches: skip the key sort
 
         def process(backend, groups, ctx, decode):
             state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,

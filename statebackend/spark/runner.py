@@ -25,10 +25,11 @@ from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
 from ..storage.manifests import list_published_manifests, operator_store, read_manifest
-from .plan import KG_COL, TICK_COL
+from .plan import INTERNAL_COLUMNS, KG_COL, TICK_COL
 from .task import (
     PTIME_COL,
     BatchContext,
+    KeyGroups,
     OperatorConfig,
     batch_processing_time,
     check_rows_belong,
@@ -222,7 +223,12 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             kg = pdf[KG_COL].to_numpy()
             check_rows_belong(kg, kg_range, partition)
             pdf = pdf.drop(columns=[PTIME_COL], errors="ignore")
-            groups = group_by_key(pdf, config.key, kg)
+            if config.extra.get("per_key", True):
+                groups = group_by_key(pdf, config.key, kg)
+            else:  # batch-at-a-time operators read the input as it came: no sort, no keys
+                internal = [c for c in INTERNAL_COLUMNS if c in pdf.columns]
+                groups = KeyGroups(pdf.drop(columns=internal), [], [],
+                                   np.zeros(0, np.int64), np.zeros(0, np.int64))
         else:
             groups = group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key,
                                   np.zeros(0, np.int32))

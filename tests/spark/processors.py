@@ -232,6 +232,7 @@ class RowRunningCount(StatefulProcessor):
 def vector_count(frames, state):
     """map_in_pandas: running count per key with whole-column state access."""
     for pdf in frames:
+        assert list(pdf.columns) == ["k", "x", "ts"], pdf.columns  # only the user's columns
         g = pdf.groupby("k").size()
         keys = pd.Series(g.index, name="k")
         old = state.get(keys)["c"].fillna(0).astype("int64").to_numpy()
