@@ -56,6 +56,15 @@ class KeyedState:
 
     # --- plumbing shared by subclasses ---------------------------------------------------
 
+    def _live(self, raw: bytes | None) -> bytes | None:
+        """The payload of a single-entry value without its expiry prefix, or None when absent
+        or expired (value-like states and map entries store ``expiry + payload`` under TTL)."""
+        if raw is None or self.ttl_ms is None:
+            return raw
+        if EXPIRY.unpack_from(raw)[0] <= self._backend._clock():
+            return None
+        return raw[8:]
+
     def _key(self) -> bytes:
         key = self._backend._current_key
         if key is None:

@@ -131,13 +131,6 @@ class MapState(KeyedState):
                 v = v[8:]
             yield k, v
 
-    def _live(self, raw: bytes | None) -> bytes | None:
-        if raw is None or self.ttl_ms is None:
-            return raw
-        if _unpack_exp(raw)[0] <= self._backend._clock():
-            return None
-        return raw[8:]
-
     def _purge(self, key: bytes, now: int) -> int:
         raw = self._read(key)
         if raw is not None and _unpack_exp(raw)[0] <= now:

@@ -164,14 +164,6 @@ class ValueState(KeyedState):
         if b._n_writes >= b.max_dirty_entries:
             b.flush()
 
-    def _live(self, raw: bytes | None) -> bytes | None:
-        """The payload of ``raw`` without its expiry, or None when absent or expired."""
-        if raw is None or self.ttl_ms is None:
-            return raw
-        if _unpack_exp(raw)[0] <= self._backend._clock():
-            return None
-        return raw[8:]
-
     def _purge(self, key: bytes, now: int) -> int:
         """TTL purge of one entry: 1 when it was expired and removed."""
         raw = self._read(key)
