@@ -79,6 +79,8 @@ class System:
 
 SYSTEMS: tuple[System, ...] = (
     System("lower", "stateless mapInPandas", ALL_WORKLOADS),
+    # keyed state needs its input shuffled by key; this bound pays that shuffle too
+    System("lower-shuffled", "stateless mapInPandas after repartition by key", ("count",)),
     System("spark-tws", "Spark transformWithStateInPandas (RocksDB)", TWS_WORKLOADS, ROCKSDB),
     System("spark-tws-cl", "Spark transformWithStateInPandas (RocksDB+changelog)",
            TWS_NO_NOOP, ROCKSDB, True),
@@ -149,6 +151,8 @@ def build_query(system: System, workload: str, backend: Any) -> Callable:
         # the noop processor outputs nothing: so does its lower bound
         fn = W.drain if workload == "noop" else W.passthrough
         return lambda df: df.mapInPandas(fn, W.OUT)
+    if name == "lower-shuffled":
+        return lambda df: df.repartition("k").mapInPandas(W.passthrough, W.OUT)
     if name in ("spark-tws", "spark-tws-cl"):
         return lambda df: df.groupBy("k").transformWithStateInPandas(
             pandas_cls(), W.OUT, "Update", time_mode)
