@@ -71,9 +71,10 @@ def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGr
             backend.register_timer(int(ts))
 
     # no prefetch: rocksdict multi-get measured slower than single gets here (see notes)
+    rows_of = groups.slicer()
     for i in range(len(groups)):
         backend.set_current_key(groups.key_bytes[i])
-        call(groups.keys[i], [groups.rows(i)], False)
+        call(groups.keys[i], [rows_of(i)], False)
 
     threshold = None
     if timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:

@@ -102,7 +102,7 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
     tv = timer_values(ctx, time_mode)
     try:
         if initial is not None:
-            init_rows = _row_slicer(initial) if as_rows else _frame_slicer(initial)
+            init_rows = _row_slicer(initial) if as_rows else initial.slicer()
             for i in range(len(initial)):
                 backend.set_current_key(initial.key_bytes[i])
                 if as_rows:
@@ -111,7 +111,7 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
                 else:
                     processor.handleInitialState(initial.keys[i], init_rows(i), tv)
         # no prefetch: rocksdict multi-get measured slower than single gets here (see notes)
-        rows_of = _row_slicer(groups) if as_rows else _frame_slicer(groups)
+        rows_of = _row_slicer(groups) if as_rows else groups.slicer()
         keys, key_bytes, set_key = groups.keys, groups.key_bytes, backend.set_current_key
         for i in range(len(groups)):
             set_key(key_bytes[i])
@@ -134,31 +134,6 @@ def _rows(pdf: pd.DataFrame) -> list[Row]:
     # how PySpark itself rebuilds Rows (fields as a list), ~3x cheaper than Row(**dict)
     cols = [str(c) for c in pdf.columns]
     return [_create_row(cols, vals) for vals in pdf.itertuples(index=False, name=None)]
-
-
-def _frame_slicer(groups: KeyGroups) -> Callable[[int], pd.DataFrame]:
-    """``i -> rows of key i`` as a view of the sorted batch.
-
-    Slicing the block manager directly costs ~8 us per key here against ~12-17 us for
-    ``iloc``, which goes through pandas' indexing machinery every time; with a processor
-    that does nothing that is most of our per-key cost. Falls back to ``iloc`` on a pandas
-    without these internals.
-    """
-    frame = groups.frame
-    starts, ends = groups.starts.tolist(), groups.ends.tolist()
-    try:
-        mgr = frame._mgr
-        from_mgr = type(frame)._from_mgr
-        probe = mgr.get_slice(slice(0, 0), axis=1)
-        from_mgr(probe, axes=probe.axes)
-    except (AttributeError, TypeError):
-        return groups.rows
-
-    def rows(i: int) -> pd.DataFrame:
-        m = mgr.get_slice(slice(starts[i], ends[i]), axis=1)
-        return from_mgr(m, axes=m.axes)
-
-    return rows
 
 
 def _row_slicer(groups: KeyGroups) -> Callable[[int], list[Row]]:

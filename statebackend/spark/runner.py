@@ -153,7 +153,10 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
                if m.metrics.get("max_event_time_ms") is not None]
         return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None)
     kg_range = kg_range_of(config, partition)
-    base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end))
+    if record is not None and partition in record.manifests:
+        base = read_manifest(store, record.manifests[partition])  # record already read above
+    else:
+        base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end))
     if base is None and checkpoint_id > 0:
         check_continuity(store, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
@@ -293,7 +296,12 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     # after a rescale the previous checkpoint has the old layout's partitions
     parts = sorted(record.manifests) if record is not None else range(config.parallelism)
     for p in parts:
-        m = own if (own is not None and p == own.partition) else resolve_base(store, p, prev_id)
+        if own is not None and p == own.partition:
+            m = own
+        elif record is not None:  # read once above: no second record read per partition
+            m = read_manifest(store, record.manifests[p])
+        else:
+            m = resolve_base(store, p, prev_id)
         v = None if m is None else m.metrics.get("max_event_time_ms")
         if v is not None:
             latest = int(v) if latest is None else max(latest, int(v))

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,30 @@ class KeyGroups:
 
     def rows(self, i: int) -> pd.DataFrame:
         return self.frame.iloc[int(self.starts[i]):int(self.ends[i])]
+
+    def slicer(self) -> Callable[[int], pd.DataFrame]:
+        """``i -> rows of key i`` as a view of the sorted batch, for the per-key loop.
+
+        Slicing the block manager directly costs ~8 us per key here against ~12-17 us for
+        ``iloc``, which goes through pandas' indexing machinery every time; with a
+        processor that does nothing that is most of our per-key cost. Falls back to
+        :meth:`rows` on a pandas without these internals.
+        """
+        frame = self.frame
+        starts, ends = self.starts.tolist(), self.ends.tolist()
+        try:
+            mgr = frame._mgr
+            from_mgr = type(frame)._from_mgr
+            probe = mgr.get_slice(slice(0, 0), axis=1)
+            from_mgr(probe, axes=probe.axes)
+        except (AttributeError, TypeError):
+            return self.rows
+
+        def rows(i: int) -> pd.DataFrame:
+            m = mgr.get_slice(slice(starts[i], ends[i]), axis=1)
+            return from_mgr(m, axes=m.axes)
+
+        return rows
 
 
 def group_by_key(pdf: pd.DataFrame, spec: KeySpec, kg: np.ndarray) -> KeyGroups:
