@@ -99,6 +99,11 @@ class ValueState(KeyedState):
         For callers that decode whole columns at once (see :class:`~.codec.FixedColumns`).
         """
         dirty, clean = self._dirty, self._clean
+        if not dirty and not clean:
+            # Nothing cached yet (the first read of a batch): straight to RocksDB.
+            raws = self._cf.get(keys if keys.__class__ is list else list(keys))
+            clean.update(zip(keys, raws))
+            return raws if self.ttl_ms is None else self._unexpired(raws)
         # Comprehensions, not a loop with branches: this runs once per key of a batch.
         raws = [dirty.get(k, MISSING) for k in keys]
         missing = [i for i, r in enumerate(raws) if r is MISSING]
@@ -113,8 +118,10 @@ class ValueState(KeyedState):
             for i, raw in zip(missing, fetched):
                 raws[i] = raw
             clean.update(zip(wanted, fetched))
-        if self.ttl_ms is None:
-            return raws
+        return raws if self.ttl_ms is None else self._unexpired(raws)
+
+    def _unexpired(self, raws: list[bytes | None]) -> list[bytes | None]:
+        """Stored entries without their expiry prefix; None for absent or expired ones."""
         now = self._backend._clock()
         return [None if r is None or _unpack_exp(r)[0] <= now else r[8:] for r in raws]
 
