@@ -35,11 +35,10 @@ import pandas as pd
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads as W  # noqa: E402
 
-from statebackend.keygroups import key_groups  # noqa: E402
 from statebackend.options import StateBackendOptions  # noqa: E402
 from statebackend.rocksdb.instance import RocksDBInstance  # noqa: E402
 from statebackend.spark import runner  # noqa: E402
-from statebackend.spark.plan import KG_COL, KeySpec  # noqa: E402
+from statebackend.spark.plan import KeySpec  # noqa: E402
 from statebackend.spark.processor import run_processor  # noqa: E402
 from statebackend.spark.task import (  # noqa: E402
     PTIME_COL,
@@ -55,12 +54,12 @@ MAXP = 128
 
 
 def make_batch(keys: int, rows: int, seed: int) -> pd.DataFrame:
-    """One partition's input for one micro-batch, with the columns our plan adds."""
+    """One partition's input for one micro-batch, with the column our plan adds (string
+    keys: no key-group column, the task computes key groups itself)."""
     rng = np.random.default_rng(seed)
     names = np.array([f"key-{i:07d}" for i in range(keys)], dtype=object)
     k = names[rng.integers(0, keys, rows)]
     return pd.DataFrame({"k": k, "x": rng.integers(0, 100, rows).astype("int64"),
-                         KG_COL: key_groups([k], ["string"], MAXP).astype("int32"),
                          PTIME_COL: np.full(rows, 1_700_000_000_000, dtype="int64")})
 
 
@@ -108,7 +107,6 @@ def stages(workdir: str, processor_cls: type, pdf: pd.DataFrame, repeat: int = 3
     inst = RocksDBInstance(os.path.join(workdir, f"stages-{processor_cls.__name__}"))
     backend = KeyedStateBackend(inst, clock=lambda: 0)
     ctx = BatchContext(1, 0, 0, -1, None)
-    kg = pdf[KG_COL].to_numpy()
     body = pdf.drop(columns=[PTIME_COL])
     best: dict[str, float] = {}
 
@@ -132,7 +130,7 @@ def stages(workdir: str, processor_cls: type, pdf: pd.DataFrame, repeat: int = 3
     groups: Any = None
     try:
         for _ in range(repeat):
-            groups = timed("group_by_key", group_by_key, body, SPEC, kg)
+            groups = timed("group_by_key", group_by_key, body, SPEC, None, MAXP)
             out = timed("run_processor", run_processor, processor_cls(), backend, groups, ctx,
                         "None", decode)
             timed("flush", backend.flush)

@@ -26,7 +26,7 @@ from .spark import plan
 from .spark.group_state import check_timeout_conf, run_group_function
 from .spark.processor import run_processor
 from .spark.runner import make_task
-from .spark.task import PTIME_COL, OperatorConfig, group_by_key
+from .spark.task import PTIME_COL, OperatorConfig, group_by_key, kg_range_of
 from .spark.vector import KeyedColumnState, run_vector_function
 
 log = logging.getLogger("statebackend")
@@ -181,7 +181,7 @@ class RocksDBStateBackend:
 
         def process(backend, groups, ctx, decode):
             state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
-                                     config.max_parallelism)
+                                     config.max_parallelism, kg_range_of(config, ctx.partition))
             frames = iter([groups.frame]) if len(groups.frame) else iter([])
             return run_vector_function(func, backend, frames, state)
 
@@ -415,8 +415,7 @@ class RocksDBStateBackend:
     def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
         if config.extra.get("ticks") and df.isStreaming:
             df = plan.with_ticks(df)
-        placed = plan.place(df, list(config.key.columns), config.parallelism,
-                            config.max_parallelism)
+        placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
         # logged by Spark, so retries see the same processing time)
         placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))

@@ -45,8 +45,10 @@ from .errors import CorruptStateError, OptionsError, SchemaError
 from .keygroups import (
     _INT_RANGES,
     MAX_MAX_PARALLELISM,
+    SEED,
     KeyGroupRange,
     _check_arity,
+    check_max_parallelism,
     column_specs,
     to_internal,
 )
@@ -56,6 +58,7 @@ __all__ = [
     "decode_grouping_key",
     "encode_grouping_key",
     "encode_grouping_keys",
+    "encode_keys_with_groups",
     "key_group_bounds",
     "key_group_of",
     "key_group_prefix",
@@ -256,6 +259,33 @@ def decode_grouping_key(data: bytes, types: Sequence[str]) -> tuple[int, tuple, 
             raise CorruptStateError(f"{t} field {v} out of range in key {bytes(data)!r}")
         out.append(_from_int(v, t))
     return kg, tuple(out), pos
+
+
+def encode_keys_with_groups(columns: Sequence[Any], types: Sequence[str],
+                             max_parallelism: int) -> tuple[np.ndarray, list[bytes]]:
+    """Key groups and encoded grouping keys of whole key columns, from one conversion of
+    the columns feeding both native kernels (hash, then encode).
+
+    Parameters
+    ----------
+    columns : sequence
+        One column per key field (numpy arrays, pandas Series, pyarrow arrays or lists).
+    types : sequence of str
+        Spark type names of the key columns.
+    max_parallelism : int
+        Number of key groups.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray of int32, list of bytes)
+        ``pmod(hash(row), max_parallelism)`` and ``encode_grouping_key(row, types, kg)``
+        of every row.
+    """
+    check_max_parallelism(max_parallelism)
+    hash_specs, encode_specs, n = column_specs(columns, types)
+    kgs = np.full(n, SEED, dtype=np.int32)
+    _kernels.hash_columns(hash_specs, kgs, max_parallelism)
+    return kgs, _kernels.encode_keys(encode_specs, kgs)
 
 
 def encode_grouping_keys(columns: Sequence[Any], types: Sequence[str],

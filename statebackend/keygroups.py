@@ -49,6 +49,7 @@ __all__ = [
     "SEED",
     "TYPES",
     "KeyGroupRange",
+    "check_max_parallelism",
     "check_parallelism",
     "key_group",
     "key_group_range",
@@ -287,7 +288,7 @@ def key_group(values: Sequence[Any], types: Sequence[str],
     >>> key_group(["alice"], ["string"], 128) == spark_hash(["alice"], ["string"]) % 128
     True
     """
-    _check_max_parallelism(max_parallelism)
+    check_max_parallelism(max_parallelism)
     return spark_hash(values, types) % max_parallelism  # Python's % is pmod
 
 
@@ -562,7 +563,7 @@ def key_groups(columns: Sequence[Any], types: Sequence[str],
     ...     key_group(["a"], ["string"], 128), key_group(["b"], ["string"], 128)]
     True
     """
-    _check_max_parallelism(max_parallelism)
+    check_max_parallelism(max_parallelism)
     hash_specs, _, n = column_specs(columns, types)
     out = np.full(n, SEED, dtype=np.int32)
     _kernels.hash_columns(hash_specs, out, max_parallelism)
@@ -620,7 +621,7 @@ class KeyGroupRange:
 EMPTY_KEY_GROUP_RANGE = KeyGroupRange(0, -1)
 
 
-def _check_max_parallelism(max_parallelism: int) -> None:
+def check_max_parallelism(max_parallelism: int) -> None:
     if (not isinstance(max_parallelism, (int, np.integer)) or isinstance(max_parallelism, bool)
             or not 1 <= max_parallelism <= MAX_MAX_PARALLELISM):
         raise OptionsError("max_parallelism", max_parallelism,
@@ -637,7 +638,7 @@ def check_parallelism(parallelism: int, max_parallelism: int) -> None:
         Unless ``1 <= parallelism <= max_parallelism <= 32768`` (every partition must own
         at least one key group).
     """
-    _check_max_parallelism(max_parallelism)
+    check_max_parallelism(max_parallelism)
     if (not isinstance(parallelism, (int, np.integer)) or isinstance(parallelism, bool)
             or not 1 <= parallelism <= max_parallelism):
         raise OptionsError("parallelism", parallelism,

@@ -135,6 +135,9 @@ class PartitionStats:
     restore_ms: float
     restore_bytes_downloaded: int
     rocksdb: Mapping[str, int] = field(default_factory=dict)
+    # where the task's time went before the snapshot, ms: input (reading the batch from
+    # Spark), restore, group, process (the user's code), flush
+    task_ms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,8 @@ def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionSt
         bytes_reused=m.full_size - m.incremental_size, full_size=m.full_size,
         incremental_size=m.incremental_size, restore_source=_source(restore),
         restore_ms=1000.0 * float(restore.get("duration_s", 0.0)),
-        restore_bytes_downloaded=int(restore.get("bytes_downloaded", 0)), rocksdb=rocks)
+        restore_bytes_downloaded=int(restore.get("bytes_downloaded", 0)), rocksdb=rocks,
+        task_ms={k: float(v) for k, v in (met.get("task_ms") or {}).items()})
 
 
 def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest]

@@ -18,6 +18,7 @@ from statebackend.keycodec import (
     decode_grouping_key,
     encode_grouping_key,
     encode_grouping_keys,
+    encode_keys_with_groups,
     key_group_bounds,
     key_group_of,
     key_group_prefix,
@@ -198,3 +199,13 @@ def test_vectorised_column_forms() -> None:
     f = np.array([1.5, -0.0, np.nan], dtype=np.float32)
     assert encode_grouping_keys([f], ["float"], np.zeros(3)) == [
         encode_grouping_key((float(v),), ["float"], 0) for v in f]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=6), st.integers(-2**63, 2**63 - 1)), max_size=30),
+       st.sampled_from([1, 7, 128, 32768]))
+def test_encode_keys_with_groups_equals_the_two_steps(rows, maxp):
+    cols = [[r[0] for r in rows], [r[1] for r in rows]]
+    kgs, keys = encode_keys_with_groups(cols, ["string", "bigint"], maxp)
+    assert kgs.tolist() == key_groups(cols, ["string", "bigint"], maxp).tolist()
+    assert keys == encode_grouping_keys(cols, ["string", "bigint"], kgs)

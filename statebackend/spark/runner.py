@@ -25,9 +25,9 @@ from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
 from ..storage.manifests import list_published_manifests, operator_store, read_manifest
-from .plan import INTERNAL_COLUMNS, KG_COL, TICK_COL
+from .plan import KG_COL, TICK_COL
 from .task import (
-    PTIME_COL,
+    ADDED_COLUMNS,
     BatchContext,
     KeyGroups,
     OperatorConfig,
@@ -193,6 +193,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
     pdf = read_input(batches)
+    t_input = time.perf_counter()
     ptime = batch_processing_time(pdf)  # before dropping ticks: they carry it too
     if pdf is not None and TICK_COL in pdf.columns:
         pdf = pdf[~pdf[TICK_COL].fillna(False).astype(bool)].drop(columns=[TICK_COL])
@@ -210,6 +211,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                          local_root(config.options), open_instance=open_instance)
     restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
+    t_restore = time.perf_counter()
     try:
         max_et = restored.max_event_time_ms
         wm = -1
@@ -222,28 +224,25 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
-        if pdf is not None:
-            kg = pdf[KG_COL].to_numpy()
-            check_rows_belong(kg, kg_range, partition)
-            pdf = pdf.drop(columns=[PTIME_COL], errors="ignore")
-            if config.extra.get("per_key", True):
-                groups = group_by_key(pdf, config.key, kg)
-            else:  # batch-at-a-time operators read the input as it came: no sort, no keys
-                internal = [c for c in INTERNAL_COLUMNS if c in pdf.columns]
-                groups = KeyGroups(pdf.drop(columns=internal), [], [],
-                                   np.zeros(0, np.int64), np.zeros(0, np.int64))
-        else:
-            groups = group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key,
-                                  np.zeros(0, np.int32))
+        groups = task_input(pdf, config, kg_range, partition)
+        t_group = time.perf_counter()
         out = process(backend, groups, ctx, lambda k: decode_key(k, config.key))
+        t_process = time.perf_counter()
         backend.purge_expired()
         backend.flush()
+        t_flush = time.perf_counter()
         metrics = {"restore": _as_dict(restore_metrics), "rows": 0 if pdf is None else len(pdf),
                    "keys": len(groups), "processing_time_ms": ptime,
                    # readers of the state (read_state, the CLI) decode grouping keys with these
                    "key_columns": list(config.key.columns), "key_types": list(config.key.types),
                    # before the checkpoint flushes, while the instance is open
-                   "rocksdb": rocksdb_properties(instance)}
+                   "rocksdb": rocksdb_properties(instance),
+                   # where the task's time went before the checkpoint (its own sync/async
+                   # durations are recorded by the checkpointer)
+                   "task_ms": {"input": _ms(t0, t_input), "restore": _ms(t_input, t_restore),
+                               "group": _ms(t_restore, t_group),
+                               "process": _ms(t_group, t_process),
+                               "flush": _ms(t_process, t_flush)}}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
         checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
@@ -254,6 +253,32 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
               time.perf_counter() - t0)
     if out:
         yield concat_frames(out)
+
+
+def task_input(pdf: pd.DataFrame | None, config: OperatorConfig, kg_range,
+               partition: int) -> KeyGroups:
+    """The batch's rows as the operator's code sees them, checked to belong here.
+
+    Per-key operators get the rows grouped by key (:func:`group_by_key`); batch-at-a-time
+    ones (``map_in_pandas``) the rows as they came, without our columns. Key groups come
+    from Spark's ``__sb_kg`` column when the plan added one, else they are computed here
+    per distinct key (per-key operators) or by the vectorised state for the keys it is
+    asked about (``map_in_pandas``, see ``KeyedColumnState``): either way, a row of
+    another partition's key groups is refused before its state is touched.
+    """
+    if pdf is None:
+        return group_by_key(pd.DataFrame(columns=list(config.key.columns)), config.key,
+                            np.zeros(0, np.int32))
+    kg = pdf[KG_COL].to_numpy() if KG_COL in pdf.columns else None
+    if kg is not None:
+        check_rows_belong(kg, kg_range, partition)
+    if config.extra.get("per_key", True):
+        groups = group_by_key(pdf, config.key, kg, config.max_parallelism)
+        if kg is None:
+            check_rows_belong(groups.key_groups, kg_range, partition)
+        return groups
+    frame = pdf.drop(columns=[c for c in ADDED_COLUMNS if c in pdf.columns])
+    return KeyGroups(frame, [], [], np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -308,6 +333,10 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     if latest is None or config.watermark is None:
         return 0
     return max(0, latest - config.watermark[1])
+
+
+def _ms(start: float, end: float) -> float:
+    return round(1000 * (end - start), 3)
 
 
 def _as_dict(obj: Any) -> dict:

@@ -27,8 +27,8 @@ import pandas as pd
 
 from ..checkpoint.manifest import PartitionManifest
 from ..errors import StateBackendError
-from ..keycodec import decode_grouping_key, encode_grouping_keys
-from ..keygroups import key_group_range
+from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
+from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
 from .plan import INTERNAL_COLUMNS, KeySpec
 
@@ -36,6 +36,8 @@ log = logging.getLogger("statebackend.task")
 
 PTIME_COL = "__sb_ptime"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# every column our plan adds to the user's input
+ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class KeyGroups:
     key_bytes: list[bytes]
     starts: np.ndarray
     ends: np.ndarray
+    key_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # per key
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -110,13 +113,19 @@ class KeyGroups:
         return rows
 
 
-def group_by_key(pdf: pd.DataFrame, spec: KeySpec, kg: np.ndarray) -> KeyGroups:
-    """Sort ``pdf`` by key once and describe each key's rows as a slice (no per-key copies)."""
+def group_by_key(pdf: pd.DataFrame, spec: KeySpec, kg: np.ndarray | None = None,
+                 max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> KeyGroups:
+    """Sort ``pdf`` by key once and describe each key's rows as a slice (no per-key copies).
+
+    ``kg`` holds the key group of every row when Spark computed it; without it the key
+    groups are computed here, once per distinct key, with ``max_parallelism``.
+    """
     n = len(pdf)
     cols = list(spec.columns)
+    dropped = [c for c in ADDED_COLUMNS if c in pdf.columns]
     if n == 0:
-        empty = pdf.drop(columns=[c for c in INTERNAL_COLUMNS if c in pdf.columns])
-        return KeyGroups(empty, [], [], np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return KeyGroups(pdf.drop(columns=dropped), [], [], np.zeros(0, np.int64),
+                         np.zeros(0, np.int64))
     if len(cols) == 1:
         codes, _ = pd.factorize(pdf[cols[0]], use_na_sentinel=False)
     else:
@@ -126,15 +135,18 @@ def group_by_key(pdf: pd.DataFrame, spec: KeySpec, kg: np.ndarray) -> KeyGroups:
     bounds = np.flatnonzero(codes_sorted[1:] != codes_sorted[:-1]) + 1
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [n]))
-    frame = pdf.drop(columns=[c for c in INTERNAL_COLUMNS if c in pdf.columns]).take(order)
+    frame = pdf.drop(columns=dropped).take(order)
     frame.reset_index(drop=True, inplace=True)
     firsts = order[starts]
     key_cols = [pdf[c].to_numpy()[firsts] for c in cols]
     keys = [tuple(_py(v) for v in row) for row in zip(*key_cols)]
-    kgs = np.asarray(kg)[firsts].astype(np.int32)
-    key_bytes = encode_grouping_keys([[k[i] for k in keys] for i in range(len(cols))],
-                                     list(spec.types), kgs)
-    return KeyGroups(frame, keys, key_bytes, starts, ends)
+    values = [[k[i] for k in keys] for i in range(len(cols))]
+    if kg is None:
+        kgs, key_bytes = encode_keys_with_groups(values, list(spec.types), max_parallelism)
+    else:
+        kgs = np.asarray(kg)[firsts].astype(np.int32)
+        key_bytes = encode_grouping_keys(values, list(spec.types), kgs)
+    return KeyGroups(frame, keys, key_bytes, starts, ends, kgs)
 
 
 def _py(v: Any) -> Any:

@@ -12,8 +12,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import _kernels
-from ..keygroups import SEED, _check_max_parallelism, column_specs
+from ..errors import StateBackendError
+from ..keycodec import encode_keys_with_groups
+from ..keygroups import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
 from ..state.codec import fixed_columns
 
@@ -33,15 +34,21 @@ class KeyedColumnState:
         Schema of the stored value; ``get`` returns a DataFrame with these columns.
     max_parallelism : int
         Number of key groups (keys are prefixed with theirs).
+    key_group_range : KeyGroupRange, optional
+        The key groups this partition owns: a key outside them is refused with a
+        :class:`~statebackend.errors.StateBackendError` (its state belongs to another
+        partition). The task passes its own; None accepts every key group.
     """
 
     def __init__(self, backend: KeyedStateBackend, key_columns: Sequence[str],
-                 key_types: Sequence[str], value_schema, max_parallelism: int) -> None:
+                 key_types: Sequence[str], value_schema, max_parallelism: int,
+                 key_group_range: KeyGroupRange | None = None) -> None:
         self._backend = backend
         self._key_columns = list(key_columns)
         self._key_types = list(key_types)
-        _check_max_parallelism(max_parallelism)
+        check_max_parallelism(max_parallelism)
         self._max_parallelism = max_parallelism
+        self._range = key_group_range
         self._state = backend.value_state(STATE_NAME, value_schema)
         self._fields = list(self._state.codec.schema.names)
         # Whole-column codec when every value field is numeric/boolean (else None).
@@ -59,12 +66,19 @@ class KeyedColumnState:
                     for i, c in enumerate(self._key_columns)]
         else:
             cols = [np.asarray(keys, dtype=object)]
-        # One conversion of the columns feeds both kernels (key groups, then key bytes):
-        # the columns stay numpy arrays, so numeric keys never become Python scalars.
-        hash_specs, encode_specs, n = column_specs(cols, self._key_types)
-        kgs = np.full(n, SEED, dtype=np.int32)
-        _kernels.hash_columns(hash_specs, kgs, self._max_parallelism)
-        return _kernels.encode_keys(encode_specs, kgs)
+        # The columns stay numpy arrays, so numeric keys never become Python scalars.
+        kgs, encoded = encode_keys_with_groups(cols, self._key_types, self._max_parallelism)
+        r = self._range
+        if r is not None and len(kgs):
+            lo, hi = int(kgs.min()), int(kgs.max())
+            if lo < r.start or hi > r.end:
+                bad = kgs[(kgs < r.start) | (kgs > r.end)]
+                raise StateBackendError(
+                    f"keys of key groups {sorted(set(bad.tolist()))[:5]} asked of a partition "
+                    f"that owns key groups {r.start}..{r.end}: their state lives in another "
+                    f"partition (pass keys from this partition's input; was the DataFrame "
+                    f"repartitioned between the operator and its input?)")
+        return encoded
 
     def get(self, keys) -> pd.DataFrame:
         """Stored values for ``keys`` (a Series, a DataFrame of key columns, or a list),

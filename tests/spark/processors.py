@@ -239,3 +239,22 @@ def vector_count(frames, state):
         new = old + g.to_numpy()
         state.put(keys, pd.DataFrame({"c": new}))
         yield pd.DataFrame({"k": g.index, "v": new})
+
+
+def vector_count_n(frames, state):
+    """map_in_pandas keyed by the bigint column ``n`` (the plan ships Spark's key groups)."""
+    for pdf in frames:
+        assert list(pdf.columns) == ["n", "x"], pdf.columns  # only the user's columns
+        g = pdf.groupby("n").size()
+        keys = pd.Series(g.index, name="n")
+        old = state.get(keys)["c"].fillna(0).astype("int64").to_numpy()
+        new = old + g.to_numpy()
+        state.put(keys, pd.DataFrame({"c": new}))
+        yield pd.DataFrame({"n": g.index, "v": new})
+
+
+def vector_touch_all(frames, state):
+    """map_in_pandas that asks for the state of keys its partition does not own."""
+    for pdf in frames:
+        state.get(pd.Series([f"k{i}" for i in range(40)], name="k"))
+        yield pdf[["k"]].assign(v=0)

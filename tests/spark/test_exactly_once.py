@@ -75,30 +75,41 @@ def test_same_batch_executed_twice_gives_same_state(spark, tmp_path):
     pd.testing.assert_frame_equal(got.astype({"v": "int64"}), ref[1], check_dtype=False)
 
 
-def test_union_of_two_operators_is_refused_unless_each_runs_in_its_own_stage(spark, tmp_path):
-    # after a union in the same stage, TaskContext.partitionId() is offset for the second
-    # operator: that must fail loudly, never put state in the wrong partition
+def test_union_of_two_operators_in_one_stage(spark, tmp_path):
+    # A union in one stage numbers the partitions of its second side after the first, so
+    # TaskContext.partitionId() is offset for the second operator: that must fail loudly,
+    # never put state in the wrong partition. Two operators placed by the same expression
+    # (same input, same key) are the exception: Spark then zips their partitions (its
+    # partitioning-aware union), and every task sees its own index for both.
+    import pyspark.sql.functions as F
+
     data = batches(2, seed=17)
     write_batches(str(tmp_path / "in"), data)
     be = make_backend(tmp_path)
+    ref = reference_running_counts(data)
 
-    def union_of(df, shuffle: bool, suffix: str):
-        a = be.transform_with_state(df.groupBy("k"), P.RunningCount(), OUT, operator_id="a" + suffix)
-        b = be.transform_with_state(df.groupBy("k"), P.RunningCount(), OUT, operator_id="b" + suffix)
-        return a.repartition(2).union(b.repartition(2)) if shuffle else a.union(b)
+    def count(df, key, op):
+        return be.transform_with_state(df.groupBy(key), P.RunningCount(), OUT, operator_id=op)
+
+    def check_doubled(ours):
+        for bid, expected in ref.items():
+            doubled = pd.concat([expected, expected]).sort_values(["k", "v"]).reset_index(drop=True)
+            pd.testing.assert_frame_equal(ours[bid].astype({"v": "int64"}), doubled,
+                                          check_dtype=False)
+
+    def renumbered(df):  # the second side keyed by another column: another placement
+        return count(df, "k", "ax").union(count(df.withColumn("k2", F.col("k")), "k2", "bx"))
 
     with pytest.raises(Exception, match="combined \\(e.g. by union\\)"):
-        run_stream(spark, str(tmp_path / "in"), SCHEMA, lambda df: union_of(df, False, "x"),
-                   str(tmp_path / "ck-bad"))
+        run_stream(spark, str(tmp_path / "in"), SCHEMA, renumbered, str(tmp_path / "ck-bad"))
 
-    def build(df):
-        return union_of(df, True, "")
-
-    ours = run_stream(spark, str(tmp_path / "in"), SCHEMA, build, str(tmp_path / "ck"))
-    ref = reference_running_counts(data)
-    for bid, expected in ref.items():
-        doubled = pd.concat([expected, expected]).sort_values(["k", "v"]).reset_index(drop=True)
-        pd.testing.assert_frame_equal(ours[bid].astype({"v": "int64"}), doubled, check_dtype=False)
+    check_doubled(run_stream(spark, str(tmp_path / "in"), SCHEMA,
+                             lambda df: count(df, "k", "az").union(count(df, "k", "bz")),
+                             str(tmp_path / "ck-zip")))
+    check_doubled(run_stream(spark, str(tmp_path / "in"), SCHEMA,
+                             lambda df: count(df, "k", "a").repartition(2).union(
+                                 count(df, "k", "b").repartition(2)),
+                             str(tmp_path / "ck")))
     be.complete()
-    assert be.coordinator("a").latest().checkpoint_id == 1
-    assert be.coordinator("b").latest().checkpoint_id == 1
+    for op in ("a", "b", "az", "bz"):
+        assert be.coordinator(op).latest().checkpoint_id == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import processors as P
 import pytest
 from harness import check_batches, random_batches, run_stream, running_counts, write_batches
@@ -23,3 +24,38 @@ def test_vectorised_running_count_equals_pandas_reference(spark, tmp_path):
     check_batches(ours, running_counts(data)[0])
     be.complete("vec")
     assert be.coordinator("vec").latest().checkpoint_id == 3
+
+
+def test_bigint_key_uses_sparks_key_groups(spark, tmp_path):
+    # Non-string keys keep the key-group column Spark computes (pandas may hold them in
+    # another form than Spark hashes); the task drops it before the user's code runs.
+    import pyspark.sql.functions as F
+
+    data = random_batches(4, seed=31, rows=80, keys=25)
+    write_batches(str(tmp_path / "in"), data)
+    be = RocksDBStateBackend(str(tmp_path / "state"),
+                             StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
+                      lambda df: be.map_in_pandas(
+                          df.select((F.col("x") % 7).alias("n"), "x"), "n", P.vector_count_n,
+                          "n BIGINT, v BIGINT", state_schema="c BIGINT", operator_id="vec-n"),
+                      str(tmp_path / "ck"))
+    by_n = [pd.DataFrame({"k": (d["x"] % 7).astype(str)}) for d in data]
+    ref = running_counts(by_n)[0]
+    got = {b: pd.DataFrame({"k": f["n"].astype(str), "v": f["v"]}).sort_values(["k", "v"])
+           .reset_index(drop=True) for b, f in ours.items()}
+    check_batches(got, ref)
+
+
+def test_state_of_another_partitions_keys_is_refused(spark, tmp_path):
+    data = random_batches(1, seed=37, rows=40, keys=40)
+    write_batches(str(tmp_path / "in"), data)
+    be = RocksDBStateBackend(str(tmp_path / "state"),
+                             StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    with pytest.raises(Exception, match="their state lives in another partition"):
+        run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
+                   lambda df: be.map_in_pandas(df, "k", P.vector_touch_all, "k STRING, v BIGINT",
+                                               operator_id="vec-bad"),
+                   str(tmp_path / "ck"))
+    # nothing was committed for the failed batch
+    assert be.coordinator("vec-bad").latest() is None

@@ -110,3 +110,7 @@ def test_checkpoint_metrics_from_the_python_api(run):
     assert len(s.partitions) == 2 and s.full_size == sum(p.full_size for p in s.partitions)
     assert s.restore_sources and sum(s.restore_sources.values()) == 2
     assert s.rocksdb["estimated_keys"] >= len(KEYS)
+    for p in s.partitions:  # where each task's time went, stage by stage
+        assert set(p.task_ms) == {"input", "restore", "group", "process", "flush"}
+        assert all(v >= 0 for v in p.task_ms.values())
+        assert sum(p.task_ms.values()) <= p.end_to_end_ms + 1

@@ -24,6 +24,10 @@ def test_group_by_key_gives_every_row_once_under_its_key(rows):
     spec = KeySpec(("k", "n"), ("string", "bigint"))
     kg = key_groups([pdf["k"], pdf["n"].to_numpy()], list(spec.types), 128) if len(pdf) else []
     g = group_by_key(pdf, spec, kg)
+    # without Spark's key groups the task computes the same ones per key
+    computed = group_by_key(pdf, spec, None, 128)
+    assert computed.key_bytes == g.key_bytes and computed.key_groups.tolist() == g.key_groups.tolist()
+    assert list(g.frame.columns) == ["k", "n", "x"]
     seen = []
     assert len(set(g.keys)) == len(g.keys)
     for i in range(len(g)):

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebackend.errors import SchemaError, StateError
+from statebackend.errors import SchemaError, StateBackendError, StateError
 from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import key_group
+from statebackend.keygroups import KeyGroupRange, key_group
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.spark.vector import STATE_NAME, KeyedColumnState
 from statebackend.state import KeyedStateBackend
@@ -265,3 +265,19 @@ def test_column_state_put_refuses_bad_columns() -> None:
         assert c.get(keys)["c"].tolist() == [7, 8]
         c.delete(pd.Series([1], name="k"))
         assert c.get(keys)["c"].isna().tolist() == [True, False]
+
+
+def test_column_state_refuses_keys_of_other_key_groups() -> None:
+    ids = np.arange(200, dtype=np.int64)
+    kgs = np.array([key_group([int(i)], ["bigint"], 128) for i in ids])
+    with backend() as b:
+        c = KeyedColumnState(b, ["k"], ["bigint"], "c BIGINT", 128, KeyGroupRange(0, 63))
+        mine = pd.Series(ids[kgs <= 63], name="k")
+        c.put(mine, pd.Series(np.ones(len(mine), dtype=np.int64)))
+        assert c.get(mine)["c"].tolist() == [1] * len(mine)
+        for op in (lambda k: c.get(k), lambda k: c.put(k, pd.Series(np.zeros(len(k), np.int64))),
+                   c.delete, c.exists):
+            with pytest.raises(StateBackendError, match="another partition"):
+                op(pd.Series(ids, name="k"))  # some of them belong to key groups 64..127
+        b.flush()
+        assert len(dump(b)[STATE_NAME]) == len(mine)  # the refused calls wrote nothing
