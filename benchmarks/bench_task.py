@@ -3,6 +3,7 @@
     python benchmarks/bench_task.py                      # stage table, noop and count
     python benchmarks/bench_task.py --keys 10000 --rows 20000 --batches 10
     python benchmarks/bench_task.py --profile count      # cProfile of the whole task, top 30
+    python benchmarks/bench_task.py --keys 50000 --rows 100000 --workloads vector  # map_in_pandas
     python -m pytest benchmarks/bench_task.py --benchmark-enable
 
 What one Spark task of ours does for one partition and one micro-batch
@@ -47,6 +48,7 @@ from statebackend.spark.task import (  # noqa: E402
     decode_key,
     group_by_key,
 )
+from statebackend.spark.vector import vector_process  # noqa: E402
 from statebackend.state.backend import KeyedStateBackend  # noqa: E402
 
 SPEC = KeySpec(("k",), ("string",))
@@ -70,19 +72,30 @@ def config_for(location: str, local: str, op: str) -> OperatorConfig:
                           options=opts, parallelism=1, key=SPEC)
 
 
-def tws_process(processor_cls: type) -> Callable:
-    """What ``RocksDBStateBackend.transform_with_state`` hands the runner (pandas flavour)."""
+# per-key workloads run a StatefulProcessor; "vector" is map_in_pandas's running count
+PROCESSORS = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions, "map": W.MapCounts}
+WORKLOADS = (*PROCESSORS, "vector")
+
+
+def task_process(workload: str, config: OperatorConfig) -> Callable:
+    """What the backend hands the runner for ``workload``: ``transform_with_state``'s
+    (pandas flavour) or ``map_in_pandas``'s."""
+    if workload == "vector":
+        config.extra["per_key"] = False
+        return vector_process(W.vector_count, config, "c BIGINT")
+    processor_cls = PROCESSORS[workload]
+
     def process(backend, groups, ctx, decode):
         return run_processor(processor_cls(), backend, groups, ctx, "None", decode)
     return process
 
 
-def run_batches(workdir: str, processor_cls: type, batches: list[pd.DataFrame],
+def run_batches(workdir: str, workload: str, batches: list[pd.DataFrame],
                 profile: cProfile.Profile | None = None) -> list[float]:
     """Run ``run_partition`` for each batch in turn (batch ids 0..n-1); seconds per batch."""
     config = config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
-                        f"bench-{processor_cls.__name__.lower()}")
-    process = tws_process(processor_cls)
+                        f"bench-{workload}")
+    process = task_process(workload, config)
     original = runner.task_identity
     times = []
     try:
@@ -156,16 +169,19 @@ def report(args: argparse.Namespace) -> None:
               f"distinct keys per batch), {args.batches} batches, one task per batch; "
               f"load {os.getloadavg()[0]:.1f}")
         for name in args.workloads:
-            cls = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions,
-                   "map": W.MapCounts}[name]
-            times = run_batches(os.path.join(workdir, name), cls, batches)
+            times = run_batches(os.path.join(workdir, name), name, batches)
             steady = times[1:] or times
             per_key = [t / k for t, k in zip(times, keys_per_batch)][1:] or [times[0]]
             print(f"\n{name}: whole task (restore, group, process, checkpoint, close, concat): "
                   f"median {1000 * float(np.median(steady)):.1f} ms per batch = "
                   f"{1e6 * float(np.median(per_key)):.1f} us per key per batch, "
                   f"{args.rows / float(np.median(steady)):,.0f} rows/s")
-            st = stages(workdir, cls, batches[-1])
+            print("  the task's own timings (manifests' task_ms and checkpoint, median ms): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in
+                              task_timings(os.path.join(workdir, name), name).items()))
+            if name not in PROCESSORS:
+                continue
+            st = stages(workdir, PROCESSORS[name], batches[-1])
             nk = st.pop("keys")
             for stage, sec in st.items():
                 print(f"  {stage:16} {1000 * sec:8.1f} ms  {1e6 * sec / nk:7.2f} us/key")
@@ -173,15 +189,35 @@ def report(args: argparse.Namespace) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def task_timings(workdir: str, workload: str) -> dict[str, float]:
+    """Median over batches after the first of what each published manifest recorded."""
+    from statebackend.storage import open_store
+    from statebackend.storage.manifests import list_published_manifests, operator_store
+
+    store = operator_store(open_store(os.path.join(workdir, "durable")), f"bench-{workload}")
+    rows: dict[str, list[float]] = {}
+    b = 1
+    while True:
+        found = list_published_manifests(store, b, 0)
+        if not found:
+            break
+        met = found[0].metrics
+        stages_ms = dict(met.get("task_ms") or {})
+        stages_ms["sync"] = 1000 * float(met.get("sync_duration_s", 0))
+        stages_ms["async"] = 1000 * float(met.get("async_duration_s", 0))
+        for k, v in stages_ms.items():
+            rows.setdefault(k, []).append(float(v))
+        b += 1
+    return {k: float(np.median(v)) for k, v in rows.items()}
+
+
 def profile(args: argparse.Namespace) -> None:
     workdir = tempfile.mkdtemp(prefix="sb-bench-task-")
     try:
         batches = [make_batch(args.keys, args.rows, seed) for seed in range(args.batches)]
-        cls = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions,
-               "map": W.MapCounts}[args.profile]
-        run_batches(os.path.join(workdir, "warm"), cls, batches[:2])
+        run_batches(os.path.join(workdir, "warm"), args.profile, batches[:2])
         prof = cProfile.Profile()
-        run_batches(os.path.join(workdir, "prof"), cls, batches, prof)
+        run_batches(os.path.join(workdir, "prof"), args.profile, batches, prof)
         s = io.StringIO()
         st = pstats.Stats(prof, stream=s).strip_dirs().sort_stats(args.sort)
         st.print_stats(args.top)
@@ -193,13 +229,13 @@ def profile(args: argparse.Namespace) -> None:
 # --- pytest-benchmark ----------------------------------------------------------------------
 
 
-def _bench(benchmark: Any, tmp_path: Any, cls: type, keys: int = 5_000, rows: int = 10_000
+def _bench(benchmark: Any, tmp_path: Any, workload: str, keys: int = 5_000, rows: int = 10_000
            ) -> None:
     batches = [make_batch(keys, rows, s) for s in range(3)]
     counter = iter(range(10**6))
 
     def run() -> None:
-        run_batches(str(tmp_path / f"r{next(counter)}"), cls, batches)
+        run_batches(str(tmp_path / f"r{next(counter)}"), workload, batches)
 
     benchmark.pedantic(run, rounds=3, iterations=1)
     benchmark.extra_info["key_batches"] = sum(b["k"].nunique() for b in batches)
@@ -207,12 +243,17 @@ def _bench(benchmark: Any, tmp_path: Any, cls: type, keys: int = 5_000, rows: in
 
 def test_task_noop(benchmark: Any, tmp_path: Any) -> None:
     """Three batches through the whole task with a processor that does nothing."""
-    _bench(benchmark, tmp_path, W.NoOp)
+    _bench(benchmark, tmp_path, "noop")
 
 
 def test_task_running_count(benchmark: Any, tmp_path: Any) -> None:
     """Three batches through the whole task with the running-count processor."""
-    _bench(benchmark, tmp_path, W.RunningCount)
+    _bench(benchmark, tmp_path, "count")
+
+
+def test_task_vector_count(benchmark: Any, tmp_path: Any) -> None:
+    """Three batches through the whole task with map_in_pandas's vectorised running count."""
+    _bench(benchmark, tmp_path, "vector", keys=50_000, rows=100_000)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows per batch of this one task (the target workload gives each "
                          "of its 2 partitions ~10,000 rows per batch)")
     ap.add_argument("--batches", type=int, default=5)
-    ap.add_argument("--workloads", type=lambda s: s.split(","), default=["noop", "count"])
-    ap.add_argument("--profile", choices=["noop", "count", "sessions", "map"], default=None)
+    ap.add_argument("--workloads", type=lambda s: s.split(","), default=["noop", "count"],
+                    help=f"comma separated, out of {','.join(WORKLOADS)}")
+    ap.add_argument("--profile", choices=WORKLOADS, default=None)
     ap.add_argument("--sort", default="cumulative")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)

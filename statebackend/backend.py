@@ -26,8 +26,8 @@ from .spark import plan
 from .spark.group_state import check_timeout_conf, run_group_function
 from .spark.processor import run_processor
 from .spark.runner import make_task
-from .spark.task import PTIME_COL, OperatorConfig, group_by_key, kg_range_of
-from .spark.vector import KeyedColumnState, run_vector_function
+from .spark.task import PTIME_COL, OperatorConfig, group_by_key
+from .spark.vector import vector_process
 
 log = logging.getLogger("statebackend")
 
@@ -179,13 +179,7 @@ class RocksDBStateBackend:
         config = self._config(df, keys, op_id)
         config.extra["per_key"] = False  # the function reads whole batches: skip the key sort
 
-        def process(backend, groups, ctx, decode):
-            state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
-                                     config.max_parallelism, kg_range_of(config, ctx.partition))
-            frames = iter([groups.frame]) if len(groups.frame) else iter([])
-            return run_vector_function(func, backend, frames, state)
-
-        return self._plan(df, config, process, schema)
+        return self._plan(df, config, vector_process(func, config, state_schema), schema)
 
     # --- coordination -------------------------------------------------------------------
 

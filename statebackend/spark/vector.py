@@ -143,6 +143,20 @@ class KeyedColumnState:
         self._state.delete_many(self._encode(keys))
 
 
+def vector_process(func, config, state_schema):
+    """What ``map_in_pandas`` hands the task runner: ``func(frames, state)`` over the
+    partition's input, with a :class:`KeyedColumnState` confined to its key groups."""
+    from .task import kg_range_of
+
+    def process(backend, groups, ctx, decode):
+        state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
+                                 config.max_parallelism, kg_range_of(config, ctx.partition))
+        frames = iter([groups.frame]) if len(groups.frame) else iter([])
+        return run_vector_function(func, backend, frames, state)
+
+    return process
+
+
 def run_vector_function(func, backend: KeyedStateBackend, frames: Iterator[pd.DataFrame],
                         state: KeyedColumnState) -> list[pd.DataFrame]:
     out = []
