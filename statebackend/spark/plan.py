@@ -28,8 +28,9 @@ INTERNAL_COLUMNS = (KG_COL, TICK_COL)
 # Key types whose pandas values in a task are exactly what Spark's hash() reads: tasks
 # compute their key groups with the native kernel instead of receiving a column. Not
 # here: timestamps (pandas holds them in the session time zone), float/double (NaN and
-# null are one value in pandas), integers (a column with nulls arrives as float64),
-# collated strings (their hash depends on the collation).
+# null are one value in pandas), integers (with nulls a column arrives as float64 or as
+# objects, depending on the PySpark version), collated strings (their hash depends on
+# the collation).
 _TASK_HASHED_TYPES = frozenset({"string", "binary"})
 
 
@@ -103,7 +104,7 @@ def place(df: DataFrame, key: KeySpec, parallelism: int, max_parallelism: int) -
 
     Routing by an expression rather than a column keeps the shuffle and the Arrow batches
     to the task at the user's columns: at 200,000 rows per batch the map stage took
-    131-156 ms with two extra int columns and 80 ms without (one task, this machine).
+    131-156 ms with two extra int columns and 80-97 ms without (one task, this machine).
     """
     kg, route = route_column(parallelism, max_parallelism, list(key.columns))
     if not key_groups_in_task(key.types):

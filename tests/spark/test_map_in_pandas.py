@@ -12,11 +12,15 @@ from statebackend import RocksDBStateBackend, StateBackendOptions
 pytestmark = pytest.mark.spark
 
 
+def make_backend(tmp_path) -> RocksDBStateBackend:
+    return RocksDBStateBackend(str(tmp_path / "state"),
+                               StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+
+
 def test_vectorised_running_count_equals_pandas_reference(spark, tmp_path):
     data = random_batches(4, seed=29, rows=80, keys=25)
     write_batches(str(tmp_path / "in"), data)
-    be = RocksDBStateBackend(str(tmp_path / "state"),
-                             StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    be = make_backend(tmp_path)
     ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
                       lambda df: be.map_in_pandas(df, "k", P.vector_count, "k STRING, v BIGINT",
                                                   state_schema="c BIGINT", operator_id="vec"),
@@ -33,8 +37,7 @@ def test_bigint_key_uses_sparks_key_groups(spark, tmp_path):
 
     data = random_batches(4, seed=31, rows=80, keys=25)
     write_batches(str(tmp_path / "in"), data)
-    be = RocksDBStateBackend(str(tmp_path / "state"),
-                             StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    be = make_backend(tmp_path)
     ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
                       lambda df: be.map_in_pandas(
                           df.select((F.col("x") % 7).alias("n"), "x"), "n", P.vector_count_n,
@@ -50,8 +53,7 @@ def test_bigint_key_uses_sparks_key_groups(spark, tmp_path):
 def test_state_of_another_partitions_keys_is_refused(spark, tmp_path):
     data = random_batches(1, seed=37, rows=40, keys=40)
     write_batches(str(tmp_path / "in"), data)
-    be = RocksDBStateBackend(str(tmp_path / "state"),
-                             StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    be = make_backend(tmp_path)
     with pytest.raises(Exception, match="their state lives in another partition"):
         run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
                    lambda df: be.map_in_pandas(df, "k", P.vector_touch_all, "k STRING, v BIGINT",
