@@ -262,16 +262,19 @@ def run_one(spark, system: System, workload: str, input_dir: str, work: str, *,
 
 
 def median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per (system, workload, keys): the run with the median events/s (the
-    lower median for an even count), with every run's events/s beside it."""
+    """One result per (system, workload, keys): events/s is the median over the runs (the
+    mean of the middle two for an even count), every other figure comes from the run
+    closest to it, and every run's events/s is kept beside it."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["system"], r["workload"], r["keys"]), []).append(r)
     out = []
     for same in groups.values():
-        ranked = sorted(same, key=lambda r: r["events_per_s"])
-        chosen = dict(ranked[(len(ranked) - 1) // 2])
-        chosen["runs_events_per_s"] = [r["events_per_s"] for r in same]
+        rates = [r["events_per_s"] for r in same]
+        mid = float(np.median(rates))
+        chosen = dict(min(same, key=lambda r: abs(r["events_per_s"] - mid)))
+        chosen["events_per_s"] = mid
+        chosen["runs_events_per_s"] = rates
         out.append(chosen)
     return out
 

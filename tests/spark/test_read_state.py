@@ -113,4 +113,6 @@ def test_checkpoint_metrics_from_the_python_api(run):
     for p in s.partitions:  # where each task's time went, stage by stage
         assert set(p.task_ms) == {"input", "restore", "group", "process", "flush"}
         assert all(v >= 0 for v in p.task_ms.values())
-        assert sum(p.task_ms.values()) <= p.end_to_end_ms + 1
+        # after the input arrived, the stages all lie between the trigger and publication
+        after_input = sum(v for k, v in p.task_ms.items() if k != "input")
+        assert after_input <= p.end_to_end_ms + 1
