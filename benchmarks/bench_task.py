@@ -178,7 +178,8 @@ def report(args: argparse.Namespace) -> None:
                   f"{args.rows / float(np.median(steady)):,.0f} rows/s")
             print("  the task's own timings (manifests' task_ms and checkpoint, median ms): "
                   + ", ".join(f"{k} {v:.1f}" for k, v in
-                              task_timings(os.path.join(workdir, name), name).items()))
+                              manifest_timings(os.path.join(workdir, name, "durable"),
+                                               f"bench-{name}", first_batch=1).items()))
             if name not in PROCESSORS:
                 continue
             st = stages(workdir, PROCESSORS[name], batches[-1])
@@ -189,24 +190,28 @@ def report(args: argparse.Namespace) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def task_timings(workdir: str, workload: str) -> dict[str, float]:
-    """Median over batches after the first of what each published manifest recorded."""
+def manifest_timings(location: str, operator_id: str, partitions: int = 1,
+                     first_batch: int = 0) -> dict[str, float]:
+    """Medians, over every published manifest of ``operator_id`` under ``location`` from
+    ``first_batch`` on, of what the tasks recorded: ``task_ms`` and the checkpoint's sync
+    and async parts (ms)."""
     from statebackend.storage import open_store
     from statebackend.storage.manifests import list_published_manifests, operator_store
 
-    store = operator_store(open_store(os.path.join(workdir, "durable")), f"bench-{workload}")
+    store = operator_store(open_store(location), operator_id)
     rows: dict[str, list[float]] = {}
-    b = 1
+    b = first_batch
     while True:
-        found = list_published_manifests(store, b, 0)
+        found = [m for p in range(partitions) for m in list_published_manifests(store, b, p)]
         if not found:
             break
-        met = found[0].metrics
-        stages_ms = dict(met.get("task_ms") or {})
-        stages_ms["sync"] = 1000 * float(met.get("sync_duration_s", 0))
-        stages_ms["async"] = 1000 * float(met.get("async_duration_s", 0))
-        for k, v in stages_ms.items():
-            rows.setdefault(k, []).append(float(v))
+        for m in found:
+            met = m.metrics
+            stages_ms = {k: float(v) for k, v in (met.get("task_ms") or {}).items()}
+            stages_ms["sync"] = 1000 * float(met.get("sync_duration_s", 0))
+            stages_ms["async"] = 1000 * float(met.get("async_duration_s", 0))
+            for k, v in stages_ms.items():
+                rows.setdefault(k, []).append(v)
         b += 1
     return {k: float(np.median(v)) for k, v in rows.items()}
 

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import compare as C
+from .bench_task import manifest_timings
 
 UI_PORT = 4077
 
@@ -71,26 +72,6 @@ def summarise_stages(stages: list[dict[str, Any]]) -> list[str]:
                      f"executor run {run:7.1f} ms, JVM CPU {cpu:6.1f} ms, "
                      f"shuffle write {shuffle / 1024:8.1f} kB per stage")
     return lines
-
-
-def task_timings(state_dir: str, operator_id: str, batches: int, partitions: int
-                 ) -> dict[str, float]:
-    """Medians over batches and partitions of the manifests' task_ms, sync and async."""
-    from statebackend.storage import open_store
-    from statebackend.storage.manifests import list_published_manifests, operator_store
-
-    store = operator_store(open_store(state_dir), operator_id)
-    rows: dict[str, list[float]] = {}
-    for b in range(batches):
-        for p in range(partitions):
-            for m in list_published_manifests(store, b, p):
-                met = m.metrics
-                stages = {k: float(v) for k, v in (met.get("task_ms") or {}).items()}
-                stages["sync"] = 1000 * float(met.get("sync_duration_s", 0))
-                stages["async"] = 1000 * float(met.get("async_duration_s", 0))
-                for k, v in stages.items():
-                    rows.setdefault(k, []).append(v)
-    return {k: float(np.median(v)) for k, v in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("  stages:")
                 print("\n".join(summarise_stages(stages)))
                 if system.ours:
-                    t = task_timings(state_dir, f"{system.name}-count", args.batches,
-                                     args.partitions)
+                    t = manifest_timings(state_dir, f"{system.name}-count", args.partitions)
                     print("  per task, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()))
     finally:
         spark.stop()
