@@ -280,17 +280,11 @@ def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
     CheckpointNotFoundError
         The checkpoint has no completed record, or a manifest it names is gone.
     """
-    from .checkpoint.manifest import CompletedCheckpoint, completed_record_path
-    from .errors import CheckpointNotFoundError
+    from .coordinator.coordinator import require_completed_record
     from .storage.manifests import operator_store, read_manifest
 
     ostore = operator_store(store, operator_id)
-    rel = completed_record_path(checkpoint_id)
-    try:
-        record = CompletedCheckpoint.from_json(ostore.get_bytes(rel), where=rel)
-    except FileNotFoundError as exc:
-        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of operator {operator_id!r} "
-                                      f"is not complete (no {rel} under {ostore.root})") from exc
+    record = require_completed_record(store, operator_id, checkpoint_id)
     return aggregate(record, [read_manifest(ostore, p) for p in record.manifests.values()])
 
 

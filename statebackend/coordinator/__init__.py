@@ -9,6 +9,7 @@ from .coordinator import (
     RestorePoint,
     key_group_range,
     read_latest_record,
+    require_completed_record,
 )
 from .registry import RegisteredCheckpoint, Retention, SharedStateRegistry, referenced_paths
 
@@ -22,5 +23,6 @@ __all__ = [
     "SharedStateRegistry",
     "key_group_range",
     "read_latest_record",
+    "require_completed_record",
     "referenced_paths",
 ]

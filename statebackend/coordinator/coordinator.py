@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .. import keygroups
 from ..checkpoint.manifest import (
     CHECKPOINTS_DIR,
     MANIFEST_NAME,
@@ -85,6 +86,7 @@ __all__ = [
     "RestorePoint",
     "key_group_range",
     "read_latest_record",
+    "require_completed_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,10 +100,10 @@ _PIN_NAME = re.compile(r"^chk-(\d+)$")
 
 
 def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
-    """Inclusive key-group range ``[start, end]`` owned by ``partition`` of ``parallelism``."""
-    start = -(-partition * max_parallelism // parallelism)
-    end = -(-(partition + 1) * max_parallelism // parallelism) - 1
-    return start, end
+    """Inclusive key-group range ``(start, end)`` owned by ``partition`` of ``parallelism``
+    (:func:`statebackend.keygroups.key_group_range` as the tuple manifests record)."""
+    r = keygroups.key_group_range(partition, parallelism, max_parallelism)
+    return r.start, r.end
 
 
 def _records_in(names: Iterable[str]) -> dict[int, str]:
@@ -127,6 +129,33 @@ def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckp
         except FileNotFoundError:
             continue  # discarded between the listing and the read; an older one is newer now
     return None
+
+
+def require_completed_record(store: DurableStore, operator_id: str,
+                             checkpoint_id: int | None = None) -> CompletedCheckpoint:
+    """The record of completed checkpoint ``checkpoint_id`` (default: the latest) of an
+    operator, for the readers of a checkpoint (savepoints, read_state, metrics).
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        The operator has no completed checkpoint, or none with that id is retained.
+    """
+    from ..storage.manifests import operator_store, read_completed_record
+
+    if checkpoint_id is None:
+        record = read_latest_record(store, operator_id)
+        if record is None:
+            raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
+                                          f"checkpoint under {store.root}")
+        return record
+    record = read_completed_record(operator_store(store, operator_id), checkpoint_id)
+    if record is None:
+        raise CheckpointNotFoundError(
+            f"checkpoint {checkpoint_id} of operator {operator_id!r} is not a retained "
+            f"completed checkpoint (no {completed_record_path(checkpoint_id)} under "
+            f"{store.root}/{operator_id})")
+    return record
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,9 @@ from ..checkpoint.manifest import (
     PartitionManifest,
     StateDescriptor,
     check_component,
-    completed_record_path,
 )
 from ..checkpoint.restore import download_checkpoint
-from ..errors import CheckpointNotFoundError, CorruptStateError, StorageError
+from ..errors import CorruptStateError, StorageError
 from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange
 from ..rocksdb.instance import RocksDBInstance
@@ -182,16 +181,6 @@ def _write_keyed(instance: RocksDBInstance, cfs: list[str], kg_range: KeyGroupRa
 # --- whole savepoints -----------------------------------------------------------------
 
 
-def _read_record(op_store: DurableStore, operator_id: str,
-                 checkpoint_id: int) -> CompletedCheckpoint:
-    path = completed_record_path(checkpoint_id)
-    try:
-        return CompletedCheckpoint.from_json(op_store.get_bytes(path), where=path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"checkpoint {checkpoint_id} of operator {operator_id!r} "
-                                      f"is not completed (no {path})") from None
-
-
 def create_savepoint(root: DurableStore, operator_id: str, name: str | None = None, *,
                      checkpoint_id: int | None = None, compression: str = "snappy",
                      local_root: str | None = None,
@@ -230,15 +219,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     """
     t0 = time.perf_counter()
     op_store = operator_store(root, operator_id)
-    if checkpoint_id is None:
-        from ..coordinator.coordinator import read_latest_record
+    from ..coordinator.coordinator import require_completed_record
 
-        record = read_latest_record(root, operator_id)
-        if record is None:
-            raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
-                                          f"checkpoint to take a savepoint from")
-    else:
-        record = _read_record(op_store, operator_id, checkpoint_id)
+    record = require_completed_record(root, operator_id, checkpoint_id)
     name = name or f"sp-{record.checkpoint_id}-{int(time.time() * 1000)}"
     sp_dir = savepoint_dir(name)
     if op_store.exists(f"{sp_dir}/{SAVEPOINT_MANIFEST}") or op_store.list_dir(sp_dir):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
 from ..checkpoint.restore import download_checkpoint
-from ..errors import CheckpointNotFoundError, CorruptStateError, StateError
+from ..errors import CorruptStateError, StateError
 from ..keycodec import decode_grouping_key
 from ..rocksdb.instance import RocksDBInstance
 from ..state.base import EXPIRY
@@ -119,23 +119,10 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
     StateError
         The key types are neither recorded nor given.
     """
-    from ..checkpoint.manifest import completed_record_path
-    from ..coordinator import read_latest_record
+    from ..coordinator import require_completed_record
 
     ostore = operator_store(store, operator_id)
-    if checkpoint_id is None:
-        record = read_latest_record(store, operator_id)
-        if record is None:
-            raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
-                                          f"checkpoint under {store.root}")
-    else:
-        rel = completed_record_path(checkpoint_id)
-        try:
-            record = CompletedCheckpoint.from_json(ostore.get_bytes(rel), where=rel)
-        except FileNotFoundError as exc:
-            raise CheckpointNotFoundError(
-                f"checkpoint {checkpoint_id} of operator {operator_id!r} is not a retained "
-                f"completed checkpoint (no {rel} under {ostore.root})") from exc
+    record = require_completed_record(store, operator_id, checkpoint_id)
     manifests = {p: read_manifest(ostore, rel) for p, rel in sorted(record.manifests.items())}
     states: dict[str, StateDescriptor] = {}
     recorded: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()

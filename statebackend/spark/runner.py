@@ -13,10 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint.manifest import (
-    CompletedCheckpoint,
     PartitionManifest,
     choose_manifest,
-    completed_record_path,
 )
 from ..errors import IncompatibleStateError
 from ..metrics import rocksdb_properties
@@ -24,7 +22,12 @@ from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
 from ..storage import open_store
-from ..storage.manifests import list_published_manifests, operator_store, read_manifest
+from ..storage.manifests import (
+    list_published_manifests,
+    operator_store,
+    read_completed_record,
+    read_manifest,
+)
 from .plan import KG_COL, TICK_COL
 from .task import (
     ADDED_COLUMNS,
@@ -61,14 +64,6 @@ def root_store(config: OperatorConfig):
     return store
 
 
-def read_record(store, checkpoint_id: int) -> CompletedCheckpoint | None:
-    try:
-        data = store.get_bytes(completed_record_path(checkpoint_id))
-    except FileNotFoundError:
-        return None
-    return CompletedCheckpoint.from_json(data, where=completed_record_path(checkpoint_id))
-
-
 def resolve_base(store, partition: int, checkpoint_id: int,
                  kg_range: tuple[int, int] | None = None) -> PartitionManifest | None:
     """The manifest of ``partition`` committed for ``checkpoint_id`` (None: no state yet).
@@ -79,7 +74,7 @@ def resolve_base(store, partition: int, checkpoint_id: int,
     """
     if checkpoint_id < 0:
         return None
-    record = read_record(store, checkpoint_id)
+    record = read_completed_record(store, checkpoint_id)
     if record is not None:
         if partition not in record.manifests:
             raise IncompatibleStateError(
@@ -96,7 +91,7 @@ def resolve_base(store, partition: int, checkpoint_id: int,
         # The coordinator may have completed the checkpoint meanwhile with an attempt that
         # published after our listing; its record is the truth (the files of an attempt it
         # did not choose may be deleted), so look once more.
-        record = read_record(store, checkpoint_id)
+        record = read_completed_record(store, checkpoint_id)
         if record is not None and record.manifests.get(partition) not in (None, chosen.path):
             return read_manifest(store, record.manifests[partition])
         return chosen
@@ -144,7 +139,7 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
 
     partition = checkpointer.partition
     prev = checkpoint_id - 1
-    record = read_record(store, prev) if prev >= 0 else None
+    record = read_completed_record(store, prev) if prev >= 0 else None
     if record is not None and record.parallelism != config.parallelism:
         inst, rmetrics, sources = restore_rescaled(
             checkpointer, record, config.parallelism, config.max_parallelism,
@@ -317,7 +312,7 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     if prev_id < 0:
         return 0
     latest = None
-    record = read_record(store, prev_id)
+    record = read_completed_record(store, prev_id)
     # after a rescale the previous checkpoint has the old layout's partitions
     parts = sorted(record.manifests) if record is not None else range(config.parallelism)
     for p in parts:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from ..checkpoint.manifest import (
     MANIFEST_NAME,
+    CompletedCheckpoint,
     PartitionManifest,
     check_component,
     check_relative,
     checkpoint_dir,
+    completed_record_path,
 )
 from ..errors import CheckpointNotFoundError, CorruptStateError
 from .base import DurableStore
@@ -23,6 +25,17 @@ def operator_store(store: DurableStore, operator_id: str | None) -> DurableStore
     if operator_id is None:
         return store
     return store.child(check_component(operator_id))
+
+
+def read_completed_record(store: DurableStore, checkpoint_id: int) -> CompletedCheckpoint | None:
+    """The completed-checkpoint record ``checkpoint_id`` in an operator's store, or None
+    when it has none (not completed yet, or dropped by retention)."""
+    rel = completed_record_path(checkpoint_id)
+    try:
+        data = store.get_bytes(rel)
+    except FileNotFoundError:
+        return None
+    return CompletedCheckpoint.from_json(data, where=rel)
 
 
 def read_manifest(store: DurableStore, path: str, *, operator_id: str | None = None
