@@ -72,17 +72,20 @@ def config_for(location: str, local: str, op: str) -> OperatorConfig:
                           options=opts, parallelism=1, key=SPEC)
 
 
-# per-key workloads run a StatefulProcessor; "vector" is map_in_pandas's running count
+# per-key workloads run a StatefulProcessor; "vector" is map_in_pandas's running count,
+# "vector-blocks" the same with the state in value blocks (VECTOR_BLOCKS per key group)
 PROCESSORS = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions, "map": W.MapCounts}
-WORKLOADS = (*PROCESSORS, "vector")
+WORKLOADS = (*PROCESSORS, "vector", "vector-blocks")
+VECTOR_BLOCKS = W.VALUE_BLOCKS
 
 
 def task_process(workload: str, config: OperatorConfig) -> Callable:
     """What the backend hands the runner for ``workload``: ``transform_with_state``'s
     (pandas flavour) or ``map_in_pandas``'s."""
-    if workload == "vector":
+    if workload in ("vector", "vector-blocks"):
         config.extra["per_key"] = False
-        return vector_process(W.vector_count, config, "c BIGINT")
+        return vector_process(W.vector_count, config, "c BIGINT",
+                              VECTOR_BLOCKS if workload == "vector-blocks" else None)
     processor_cls = PROCESSORS[workload]
 
     def process(backend, groups, ctx, decode):

@@ -18,6 +18,7 @@ One invocation, one local[2] session. Systems (``--systems``, comma separated):
     ours-tws-row       our transform_with_state(flavour="row")
     ours-apply         our apply_in_pandas_with_state
     ours-map           our map_in_pandas with vectorised state
+    ours-map-blocks    the same with the state in value blocks (value_blocks=16)
 
 Workloads (``--workloads``; see ``benchmarks/workloads.py``): count, sessions (list state),
 map (map state, many entries per key), timers (event-time timers with a watermark), noop
@@ -93,6 +94,7 @@ SYSTEMS: tuple[System, ...] = (
     System("ours-tws-row", "ours transform_with_state Row", TWS_WORKLOADS, ours=True),
     System("ours-apply", "ours apply_in_pandas_with_state", ("count",), ours=True),
     System("ours-map", "ours map_in_pandas", ("count",), ours=True),
+    System("ours-map-blocks", "ours map_in_pandas, value blocks", ("count",), ours=True),
 )
 BY_NAME = {s.name: s for s in SYSTEMS}
 # the pairs the issue sets targets for: (ours, theirs, at least)
@@ -170,9 +172,10 @@ def build_query(system: System, workload: str, backend: Any) -> Callable:
     if name == "ours-apply":
         return lambda df: backend.apply_in_pandas_with_state(
             df.groupBy("k"), W.count_fn, W.OUT, "c BIGINT", "Update", "NoTimeout", operator_id=op)
-    if name == "ours-map":
+    if name in ("ours-map", "ours-map-blocks"):
+        blocks = W.VALUE_BLOCKS if name == "ours-map-blocks" else None
         return lambda df: backend.map_in_pandas(df, "k", W.vector_count, W.OUT, "c BIGINT",
-                                                operator_id=op)
+                                                operator_id=op, value_blocks=blocks)
     raise ValueError(f"unknown system {name!r}")
 
 

@@ -117,6 +117,10 @@ def drain(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     return iter([])
 
 
+VALUE_BLOCKS = 16
+"""``value_blocks`` of the block-layout map_in_pandas systems (per key group)."""
+
+
 def vector_count(batches, state):
     """Batch-at-a-time running count with vectorised state access (``map_in_pandas``)."""
     for pdf in batches:

@@ -10,6 +10,11 @@
  *   encode_keys(columns, key_groups) -> list[bytes]
  *       2-byte big-endian key group, then one field per column.
  *
+ * and three over value blocks (many keys' values in one RocksDB entry):
+ *
+ *   block_ids(keys, out, nbuckets), pack_block(dict) -> bytes, unpack_block(bytes) -> dict,
+ *   block_gather(opened, ids, keys) -> list, block_scatter(opened, ids, keys, values)
+ *
  * Each must stay byte-for-byte equal to its pure-Python twin; tests/test_native.py checks.
  * C99, CPython API only, no numpy headers: arrays arrive through the buffer protocol.
  */
@@ -529,6 +534,251 @@ done:
 
 /* ---- module ------------------------------------------------------------------------ */
 
+
+/* ---- value blocks (KeyedColumnState's block layout) ---------------------------------
+ *
+ * block := 0x01 varint(n) entry{n};  entry := varint(len key) key varint(len value) value
+ * Keys are grouping keys (2-byte key group first). See statebackend/_kernels.py.
+ */
+
+#define BLOCK_VERSION 0x01
+#define BLOCK_SEED 0x5eedu
+
+static PyObject *py_block_ids(PyObject *self, PyObject *args) {
+    PyObject *keys, *out_obj;
+    long nbuckets;
+    if (!PyArg_ParseTuple(args, "O!Ol:block_ids", &PyList_Type, &keys, &out_obj, &nbuckets))
+        return NULL;
+    if (nbuckets < 1 || nbuckets > 65535) {
+        PyErr_SetString(PyExc_ValueError, "nbuckets must be in 1..65535");
+        return NULL;
+    }
+    Py_buffer out;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (out.itemsize != 8 || out.len != n * 8) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "out must be a writable int64 array, one per key");
+        return NULL;
+    }
+    int64_t *o = (int64_t *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) < 2) {
+            PyBuffer_Release(&out);
+            PyErr_Format(PyExc_ValueError, "key %zd is not a grouping key (bytes of length >= 2)", i);
+            return NULL;
+        }
+        const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(k);
+        uint32_t h = hash_bytes(p + 2, PyBytes_GET_SIZE(k) - 2, BLOCK_SEED);
+        o[i] = (int64_t)(((uint32_t)p[0] << 8) | p[1]) * nbuckets + (int64_t)(h % (uint32_t)nbuckets);
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_pack_block(PyObject *self, PyObject *args) {
+    PyObject *entries, *k, *v;
+    if (!PyArg_ParseTuple(args, "O!:pack_block", &PyDict_Type, &entries)) return NULL;
+    Py_ssize_t pos = 0, size = 1 + varint_len((uint64_t)PyDict_GET_SIZE(entries));
+    while (PyDict_Next(entries, &pos, &k, &v)) {
+        if (!PyBytes_Check(k) || !PyBytes_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "a block maps bytes keys to bytes values");
+            return NULL;
+        }
+        Py_ssize_t kn = PyBytes_GET_SIZE(k), vn = PyBytes_GET_SIZE(v);
+        size += varint_len((uint64_t)kn) + kn + varint_len((uint64_t)vn) + vn;
+    }
+    PyObject *res = PyBytes_FromStringAndSize(NULL, size);
+    if (res == NULL) return NULL;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(res);
+    *p++ = BLOCK_VERSION;
+    p = put_varint(p, (uint64_t)PyDict_GET_SIZE(entries));
+    pos = 0;
+    while (PyDict_Next(entries, &pos, &k, &v)) {
+        Py_ssize_t kn = PyBytes_GET_SIZE(k), vn = PyBytes_GET_SIZE(v);
+        p = put_varint(p, (uint64_t)kn);
+        memcpy(p, PyBytes_AS_STRING(k), (size_t)kn);
+        p += kn;
+        p = put_varint(p, (uint64_t)vn);
+        memcpy(p, PyBytes_AS_STRING(v), (size_t)vn);
+        p += vn;
+    }
+    return res;
+}
+
+/* Read a varint at *p (< end); -1 and a ValueError when it runs past end or is too long. */
+static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    uint64_t r = 0;
+    for (int shift = 0; shift < 63; shift += 7) {
+        if (*p >= end) break;
+        uint8_t b = *(*p)++;
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = r;
+            return 0;
+        }
+    }
+    PyErr_SetString(PyExc_ValueError, "corrupt value block: truncated or overlong varint");
+    return -1;
+}
+
+static PyObject *py_unpack_block(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*:unpack_block", &in)) return NULL;
+    const uint8_t *p = (const uint8_t *)in.buf, *end = p + in.len;
+    PyObject *d = NULL;
+    uint64_t n, kn, vn;
+    if (in.len < 1 || *p != BLOCK_VERSION) {
+        PyErr_SetString(PyExc_ValueError, "corrupt value block: unknown version byte");
+        goto fail;
+    }
+    p++;
+    if (get_varint(&p, end, &n) < 0) goto fail;
+    if (n > (uint64_t)(end - p) / 2) {
+        PyErr_SetString(PyExc_ValueError, "corrupt value block: impossible entry count");
+        goto fail;
+    }
+    d = PyDict_New();
+    if (d == NULL) goto fail;
+    for (uint64_t i = 0; i < n; i++) {
+        if (get_varint(&p, end, &kn) < 0) goto fail;
+        if (kn > (uint64_t)(end - p)) goto truncated;
+        PyObject *k = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)kn);
+        if (k == NULL) goto fail;
+        p += kn;
+        if (get_varint(&p, end, &vn) < 0 || vn > (uint64_t)(end - p)) {
+            Py_DECREF(k);
+            if (!PyErr_Occurred()) goto truncated;
+            goto fail;
+        }
+        PyObject *v = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)vn);
+        if (v == NULL) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        p += vn;
+        int rc = PyDict_SetItem(d, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) goto fail;
+    }
+    if (p != end) {
+        PyErr_SetString(PyExc_ValueError, "corrupt value block: trailing bytes");
+        goto fail;
+    }
+    if ((uint64_t)PyDict_GET_SIZE(d) != n) {
+        PyErr_SetString(PyExc_ValueError, "corrupt value block: a key appears twice");
+        goto fail;
+    }
+    PyBuffer_Release(&in);
+    return d;
+truncated:
+    PyErr_SetString(PyExc_ValueError, "corrupt value block: an entry runs past its end");
+fail:
+    Py_XDECREF(d);
+    PyBuffer_Release(&in);
+    return NULL;
+}
+
+/* The open block of ids[i] (a key of `opened`); NULL with KeyError when it is not open. */
+static PyObject *open_block(PyObject *opened, int64_t id) {
+    PyObject *key = PyLong_FromLongLong(id);
+    if (key == NULL) return NULL;
+    PyObject *d = PyDict_GetItemWithError(opened, key);
+    if (d == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+    Py_DECREF(key);
+    if (d != NULL && !PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "an open block must be a dict");
+        return NULL;
+    }
+    return d;
+}
+
+static int ids_view(PyObject *obj, Py_buffer *view, Py_ssize_t n) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->itemsize != 8 || view->len != n * 8) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "ids must be an int64 array, one per key");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_block_gather(PyObject *self, PyObject *args) {
+    PyObject *opened, *ids_obj, *keys;
+    if (!PyArg_ParseTuple(args, "O!OO!:block_gather", &PyDict_Type, &opened, &ids_obj,
+                          &PyList_Type, &keys))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    Py_buffer ids;
+    if (ids_view(ids_obj, &ids, n) < 0) return NULL;
+    const int64_t *id = (const int64_t *)ids.buf;
+    PyObject *out = PyList_New(n), *d = NULL;
+    int64_t last = -1;
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (d == NULL || id[i] != last) {
+            d = open_block(opened, id[i]);
+            last = id[i];
+            if (d == NULL) goto fail;
+        }
+        PyObject *v = PyDict_GetItemWithError(d, PyList_GET_ITEM(keys, i));
+        if (v == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            v = Py_None;
+        }
+        Py_INCREF(v);
+        PyList_SET_ITEM(out, i, v);
+    }
+    PyBuffer_Release(&ids);
+    return out;
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&ids);
+    return NULL;
+}
+
+static PyObject *py_block_scatter(PyObject *self, PyObject *args) {
+    PyObject *opened, *ids_obj, *keys, *values;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:block_scatter", &PyDict_Type, &opened, &ids_obj,
+                          &PyList_Type, &keys, &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        return NULL;
+    }
+    Py_buffer ids;
+    if (ids_view(ids_obj, &ids, n) < 0) return NULL;
+    const int64_t *id = (const int64_t *)ids.buf;
+    PyObject *d = NULL;
+    int64_t last = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (d == NULL || id[i] != last) {
+            d = open_block(opened, id[i]);
+            last = id[i];
+            if (d == NULL) goto fail;
+        }
+        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
+        if (v == Py_None) {
+            if (PyDict_DelItem(d, k) < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto fail;
+                PyErr_Clear();
+            }
+        } else if (!PyBytes_Check(k) || !PyBytes_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "a block maps bytes keys to bytes values");
+            goto fail;
+        } else if (PyDict_SetItem(d, k, v) < 0) {
+            goto fail;
+        }
+    }
+    PyBuffer_Release(&ids);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&ids);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"hash_columns", py_hash_columns, METH_VARARGS,
      "hash_columns(columns, out, max_parallelism) -> None\n\n"
@@ -537,6 +787,21 @@ static PyMethodDef methods[] = {
     {"encode_keys", py_encode_keys, METH_VARARGS,
      "encode_keys(columns, key_groups) -> list[bytes]\n\n"
      "2-byte big-endian key group followed by each column's field, for every row."},
+    {"block_ids", py_block_ids, METH_VARARGS,
+     "block_ids(keys, out, nbuckets) -> None\n\n"
+     "Block of every grouping key: key_group * nbuckets + Murmur3 (seed 0x5eed) of the key\n"
+     "after its 2-byte key group, unsigned mod nbuckets, into the int64 array `out`."},
+    {"pack_block", py_pack_block, METH_VARARGS,
+     "pack_block(entries: dict[bytes, bytes]) -> bytes\n\nOne value block, entries in dict order."},
+    {"unpack_block", py_unpack_block, METH_VARARGS,
+     "unpack_block(block) -> dict[bytes, bytes]\n\nThe entries of a value block; ValueError "
+     "if it is corrupt."},
+    {"block_gather", py_block_gather, METH_VARARGS,
+     "block_gather(opened, ids, keys) -> list\n\n"
+     "opened[ids[i]].get(keys[i]) for every key (opened: block id -> entries dict)."},
+    {"block_scatter", py_block_scatter, METH_VARARGS,
+     "block_scatter(opened, ids, keys, values) -> None\n\n"
+     "opened[ids[i]][keys[i]] = values[i]; a None value removes the key."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,25 @@ headers):
 
 A ``mask`` is a ``bool`` array, True where the value is present.
 
+Three kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
+layout of :class:`statebackend.spark.vector.KeyedColumnState`)::
+
+    block := 0x01 varint(n) entry{n}
+    entry := varint(len(key)) key varint(len(value)) value
+
+``block_ids(keys, out, nbuckets)``
+    The block of every grouping key, ``key_group * nbuckets + bucket``, into the writable
+    ``int64`` array ``out``; the bucket is Spark's ``hashUnsafeBytes`` of the key after
+    its 2-byte key group, seed ``0x5EED``, unsigned, mod ``nbuckets`` (1..65535).
+``pack_block(entries)`` / ``unpack_block(block)``
+    ``dict[bytes, bytes]`` to a block (dict order) and back; a corrupt block (bad version
+    byte, truncated entry, trailing bytes, a key twice) raises ``ValueError``.
+``block_gather(opened, ids, keys)`` / ``block_scatter(opened, ids, keys, values)``
+    Read / write many keys in open (decoded) blocks, ``opened`` mapping a block id to its
+    entries dict: ``opened[ids[i]].get(keys[i])`` as a list, and
+    ``opened[ids[i]][keys[i]] = values[i]`` (None removes). ``ids`` is an ``int64`` array;
+    a block that is not open raises ``KeyError``.
+
 The twins below are the reference: the C kernels must be byte-for-byte equal to them
 (tests/test_native.py checks it with Hypothesis). ``STATEBACKEND_NO_NATIVE=1`` forces the
 twins; when the extension cannot be imported the twins are used and one warning says so.
@@ -50,9 +69,19 @@ __all__ = [
     "BACKEND",
     "encode_keys",
     "hash_columns",
+    "block_gather",
+    "block_ids",
+    "block_scatter",
+    "pack_block",
+    "unpack_block",
     "native",
     "py_encode_keys",
     "py_hash_columns",
+    "py_block_gather",
+    "py_block_ids",
+    "py_block_scatter",
+    "py_pack_block",
+    "py_unpack_block",
 ]
 
 _M32 = 0xFFFFFFFF
@@ -325,7 +354,107 @@ def py_encode_keys(columns: Sequence[tuple], key_groups: np.ndarray) -> list[byt
     return [prefixes[kg] + b"".join(fs) for kg, fs in zip(kg_list, rows)]
 
 
+# --- value blocks --------------------------------------------------------------------
+
+BLOCK_VERSION = 1
+BLOCK_SEED = 0x5EED
+
+
+def py_block_ids(keys: list[bytes], out: np.ndarray, nbuckets: int) -> None:
+    """Pure-Python twin of the native ``block_ids`` (see the module docstring)."""
+    if not 1 <= nbuckets <= 0xFFFF:
+        raise ValueError("nbuckets must be in 1..65535")
+    if not isinstance(keys, list) or out.dtype != np.int64 or len(out) != len(keys):
+        raise ValueError("out must be a writable int64 array, one per key")
+    for i, k in enumerate(keys):
+        if not isinstance(k, bytes) or len(k) < 2:
+            raise ValueError(f"key {i} is not a grouping key (bytes of length >= 2)")
+        out[i] = ((k[0] << 8) | k[1]) * nbuckets + hash_bytes(k[2:], BLOCK_SEED) % nbuckets
+
+
+def py_pack_block(entries: dict[bytes, bytes]) -> bytes:
+    """Pure-Python twin of the native ``pack_block``."""
+    parts = [bytes((BLOCK_VERSION,)), varint(len(entries))]
+    for k, v in entries.items():
+        if not isinstance(k, bytes) or not isinstance(v, bytes):
+            raise TypeError("a block maps bytes keys to bytes values")
+        parts += (varint(len(k)), k, varint(len(v)), v)
+    return b"".join(parts)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 63:
+        if pos >= len(buf):
+            break
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("corrupt value block: truncated or overlong varint")
+
+
+def py_unpack_block(block: bytes) -> dict[bytes, bytes]:
+    """Pure-Python twin of the native ``unpack_block``."""
+    buf = bytes(block)
+    if not buf or buf[0] != BLOCK_VERSION:
+        raise ValueError("corrupt value block: unknown version byte")
+    n, pos = _read_varint(buf, 1)
+    if n > (len(buf) - pos) // 2:
+        raise ValueError("corrupt value block: impossible entry count")
+    out: dict[bytes, bytes] = {}
+    for _ in range(n):
+        kn, pos = _read_varint(buf, pos)
+        if kn > len(buf) - pos:
+            raise ValueError("corrupt value block: an entry runs past its end")
+        k = buf[pos:pos + kn]
+        vn, pos = _read_varint(buf, pos + kn)
+        if vn > len(buf) - pos:
+            raise ValueError("corrupt value block: an entry runs past its end")
+        out[k] = buf[pos:pos + vn]
+        pos += vn
+    if pos != len(buf):
+        raise ValueError("corrupt value block: trailing bytes")
+    if len(out) != n:
+        raise ValueError("corrupt value block: a key appears twice")
+    return out
+
+
+def py_block_gather(opened: dict[int, dict[bytes, bytes]], ids: np.ndarray,
+                    keys: list[bytes]) -> list[bytes | None]:
+    """Pure-Python twin of the native ``block_gather``."""
+    return [opened[b].get(k) for b, k in zip(_ids_of(ids, keys), keys)]
+
+
+def py_block_scatter(opened: dict[int, dict[bytes, bytes]], ids: np.ndarray,
+                     keys: list[bytes], values: list[bytes | None]) -> None:
+    """Pure-Python twin of the native ``block_scatter``."""
+    if len(values) != len(keys):
+        raise ValueError("keys and values differ in length")
+    for b, k, v in zip(_ids_of(ids, keys), keys, values):
+        block = opened[b]
+        if v is None:
+            block.pop(k, None)
+        elif not isinstance(k, bytes) or not isinstance(v, bytes):
+            raise TypeError("a block maps bytes keys to bytes values")
+        else:
+            block[k] = v
+
+
+def _ids_of(ids: np.ndarray, keys: list[bytes]) -> list[int]:
+    arr = np.asarray(ids)
+    if arr.dtype != np.int64 or len(arr) != len(keys):
+        raise ValueError("ids must be an int64 array, one per key")
+    return arr.tolist()
+
+
 # --- choose the implementation -------------------------------------------------------
+
+
+_NATIVE_NAMES = ("hash_columns", "encode_keys", "block_ids", "pack_block", "unpack_block",
+                 "block_gather", "block_scatter")
 
 
 def _load_native() -> tuple[ModuleType | None, bool]:
@@ -341,6 +470,14 @@ def _load_native() -> tuple[ModuleType | None, bool]:
                 "pure-Python twins. Rebuild with `pip install -e .` (needs a C compiler) "
                 "to get them.", RuntimeWarning, stacklevel=2)
         return None, False
+    missing = [n for n in _NATIVE_NAMES if not hasattr(mod, n)]
+    if missing:
+        if not forced_off:
+            warnings.warn(
+                f"statebackend: the compiled kernels are older than this package (no "
+                f"{', '.join(missing)}); using the slower pure-Python twins. Rebuild with "
+                "`pip install -e .`.", RuntimeWarning, stacklevel=2)
+        return None, False
     return mod, not forced_off
 
 
@@ -353,3 +490,8 @@ BACKEND: str = "native" if _use_native else "python"
 
 hash_columns = native.hash_columns if native is not None and _use_native else py_hash_columns
 encode_keys = native.encode_keys if native is not None and _use_native else py_encode_keys
+block_ids = native.block_ids if native is not None and _use_native else py_block_ids
+pack_block = native.pack_block if native is not None and _use_native else py_pack_block
+unpack_block = native.unpack_block if native is not None and _use_native else py_unpack_block
+block_gather = native.block_gather if native is not None and _use_native else py_block_gather
+block_scatter = native.block_scatter if native is not None and _use_native else py_block_scatter

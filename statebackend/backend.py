@@ -28,6 +28,7 @@ from .spark.processor import run_processor
 from .spark.runner import make_task
 from .spark.task import PTIME_COL, OperatorConfig, group_by_key
 from .spark.vector import vector_process
+from .state.value import MAX_BLOCKS
 
 log = logging.getLogger("statebackend")
 
@@ -171,15 +172,28 @@ class RocksDBStateBackend:
 
     def map_in_pandas(self, df: DataFrame, key: str | list[str], func: Callable,
                       schema: StructType | str, state_schema: StructType | str = "value BIGINT",
-                      *, operator_id: str | None = None) -> DataFrame:
+                      *, operator_id: str | None = None,
+                      value_blocks: int | None = None) -> DataFrame:
         """Run ``func(frames, state)`` over each partition's input with vectorised keyed
-        state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``."""
+        state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``.
+
+        ``value_blocks=N`` packs the state into N RocksDB entries per key group instead of
+        one per key: faster when each batch touches a large share of the keys, more bytes
+        per checkpoint when it touches few (docs/options.md, "Value blocks"). It cannot
+        change for an existing state.
+        """
+        if value_blocks is not None and (isinstance(value_blocks, bool)
+                                         or not isinstance(value_blocks, int)
+                                         or not 1 <= value_blocks <= MAX_BLOCKS):
+            raise OptionsError(f"value_blocks must be None or an int in 1..{MAX_BLOCKS}, got "
+                               f"{value_blocks!r}")
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
         config.extra["per_key"] = False  # the function reads whole batches: skip the key sort
 
-        return self._plan(df, config, vector_process(func, config, state_schema), schema)
+        return self._plan(df, config, vector_process(func, config, state_schema, value_blocks),
+                          schema)
 
     # --- coordination -------------------------------------------------------------------
 

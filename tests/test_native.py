@@ -30,8 +30,8 @@ def test_native_extension_is_built_and_selected() -> None:
     assert native is not None, "build it: python setup.py build_ext --inplace (or pip install -e .)"
     if os.environ.get("STATEBACKEND_NO_NATIVE", "") in ("", "0"):
         assert _kernels.BACKEND == "native"
-        assert _kernels.hash_columns is native.hash_columns
-        assert _kernels.encode_keys is native.encode_keys
+        for name in _kernels._NATIVE_NAMES:
+            assert getattr(_kernels, name) is getattr(native, name), name
 
 
 @st.composite
@@ -179,6 +179,24 @@ def test_env_var_forces_twins_without_warning() -> None:
     assert r.stdout.split() == ["python", "True", "True", "True"]
 
 
+def test_stale_extension_warns_and_falls_back() -> None:
+    code = (
+        "import sys, types, warnings\n"
+        "old = types.ModuleType('statebackend._native')\n"
+        "old.hash_columns = old.encode_keys = lambda *a: None  # a build from before blocks\n"
+        "sys.modules['statebackend._native'] = old\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import statebackend._kernels as k\n"
+        "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
+        "print(k.BACKEND, k.encode_keys is k.py_encode_keys, len(msgs)); print(msgs[0])\n")
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    first, message = r.stdout.splitlines()[:2]
+    assert first == "python True 1"
+    assert "older than this package" in message and "block_ids" in message
+
+
 def test_missing_extension_warns_once_and_falls_back() -> None:
     code = (
         "import sys, warnings\n"
@@ -196,3 +214,88 @@ def test_missing_extension_warns_once_and_falls_back() -> None:
     first, message = r.stdout.splitlines()[:2]
     assert first == "python 1"
     assert "native kernels unavailable" in message and "pip install -e ." in message
+
+
+# --- value blocks -------------------------------------------------------------------------
+
+GROUPING_KEYS = st.lists(st.binary(min_size=2, max_size=24), max_size=60, unique=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(GROUPING_KEYS, st.integers(1, 0xFFFF))
+def test_block_ids_equal_twin(keys: list[bytes], nbuckets: int) -> None:
+    a, b = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    native.block_ids(keys, a, nbuckets)
+    _kernels.py_block_ids(keys, b, nbuckets)
+    assert a.tolist() == b.tolist()
+    for k, bid in zip(keys, a.tolist()):
+        kg, bucket = divmod(bid, nbuckets)
+        assert kg == int.from_bytes(k[:2], "big") and 0 <= bucket < nbuckets
+
+
+def test_block_ids_spread_keys_over_buckets() -> None:
+    keys = [b"\x00\x05" + str(i).encode() for i in range(16_000)]
+    ids = np.zeros(len(keys), np.int64)
+    native.block_ids(keys, ids, 16)
+    counts = np.bincount(ids - 5 * 16, minlength=16)
+    assert counts.min() > 800 and counts.max() < 1200  # ~1000 each
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.binary(max_size=300), st.binary(max_size=300), max_size=40))
+def test_pack_block_equals_twin_and_round_trips(entries: dict[bytes, bytes]) -> None:
+    packed = native.pack_block(entries)
+    assert packed == _kernels.py_pack_block(entries)
+    for unpack in (native.unpack_block, _kernels.py_unpack_block):
+        out = unpack(packed)
+        assert out == entries and list(out) == list(entries)
+
+
+@pytest.mark.parametrize("blob, what", [
+    (b"", "version"),
+    (b"\x02\x00", "version"),
+    (b"\x01", "varint"),
+    (b"\x01\x01\x03ab", "past its end"),
+    (b"\x01\x01\x01a\x05xy", "past its end"),
+    (b"\x01\x01\x01a\x01xz", "trailing"),
+    (b"\x01\x02\x01a\x01x\x01a\x01y", "twice"),
+    (b"\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", "varint"),
+    (b"\x01\x09\x01a\x01x", "entry count"),
+])
+def test_corrupt_blocks_raise_in_both(blob: bytes, what: str) -> None:
+    for unpack in (native.unpack_block, _kernels.py_unpack_block):
+        with pytest.raises(ValueError, match=what):
+            unpack(blob)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_block_gather_scatter_equal_twins(data: st.DataObject) -> None:
+    keys = data.draw(GROUPING_KEYS)
+    ids = np.array([data.draw(st.integers(0, 3)) for _ in keys], dtype=np.int64)
+    values = [data.draw(st.one_of(st.none(), st.binary(max_size=8))) for _ in keys]
+    results = []
+    for gather, scatter in ((native.block_gather, native.block_scatter),
+                            (_kernels.py_block_gather, _kernels.py_block_scatter)):
+        opened: dict[int, dict[bytes, bytes]] = {i: {b"\x00\x00pre": b"x"} for i in range(4)}
+        if keys:
+            opened[int(ids[0])][keys[0]] = b"old"
+        scatter(opened, ids, keys, values)
+        results.append((opened, gather(opened, ids, keys)))
+    assert results[0] == results[1]
+    opened, got = results[0]
+    last = {k: v for k, v in zip(keys, values)}
+    assert got == [last[k] for k in keys]
+
+
+def test_block_gather_scatter_errors_match() -> None:
+    for gather, scatter in ((native.block_gather, native.block_scatter),
+                            (_kernels.py_block_gather, _kernels.py_block_scatter)):
+        with pytest.raises(KeyError):
+            gather({}, np.array([7], np.int64), [b"\x00\x00a"])
+        with pytest.raises(ValueError):
+            gather({7: {}}, np.array([7], np.int32), [b"\x00\x00a"])
+        with pytest.raises(ValueError):
+            scatter({7: {}}, np.array([7], np.int64), [b"\x00\x00a"], [])
+        with pytest.raises(TypeError):
+            scatter({7: {}}, np.array([7], np.int64), [b"\x00\x00a"], ["text"])

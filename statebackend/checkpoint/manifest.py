@@ -105,13 +105,18 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class StateDescriptor:
-    """A declared state: its name, kind, schemas (DDL strings) and TTL."""
+    """A declared state: its name, kind, schemas (DDL strings) and TTL.
+
+    ``blocks`` is set for kind ``blocks`` only: the number of value blocks per key group
+    (see :class:`statebackend.state.value.BlockState`).
+    """
 
     name: str
-    kind: str  # value | list | map | reducing | aggregating | timers
+    kind: str  # value | list | map | reducing | aggregating | blocks | timers
     value_schema: str | None = None
     user_key_schema: str | None = None
     ttl_ms: int | None = None
+    blocks: int | None = None
 
 
 @dataclass(frozen=True)

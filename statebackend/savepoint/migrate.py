@@ -205,6 +205,13 @@ class KeyRehasher:
         if cf == _TIMERS_CF:
             return self._split_entry(key, "timers", cf)
         kind = self.kinds.get(cf)
+        if kind == "blocks":
+            raise IncompatibleStateError(
+                f"state {cf!r} keeps its values in value blocks (map_in_pandas with "
+                f"value_blocks), which cannot move to another max_parallelism yet: a block "
+                f"holds many keys that the new max_parallelism would spread over other key "
+                f"groups. Rescale without changing max_parallelism, or write this state "
+                f"without value_blocks")
         if kind is None:
             raise IncompatibleStateError(
                 f"column family {cf!r} holds entries but no state descriptor says how its keys "

@@ -48,6 +48,7 @@ from ..state.layout import decode_ts, split_composite
 from ..state.list import _elements
 from ..state.schema import Schema, parse_ddl
 from ..state.timers import TIMERS_CF
+from ..state.value import decode_block
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, read_manifest
 
@@ -202,7 +203,11 @@ def _read_cf(instance: RocksDBInstance, partition: int, types: list[str],
         return None, raw
 
     for k, raw in instance.scan_range(d.name, b"", None):
-        if d.kind in _VALUE_KINDS:
+        if d.kind == "blocks":
+            for gk, payload in sorted(decode_block(d.name, k, raw).items()):
+                yield StateRow(partition, decode_grouping_key(gk, types)[1], name, None,
+                               decode(payload), None)
+        elif d.kind in _VALUE_KINDS:
             key = decode_grouping_key(k, types)[1]
             exp, payload = split(raw)
             yield StateRow(partition, key, name, None, decode(payload), exp)

@@ -12,11 +12,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from ..errors import StateBackendError
+from ..errors import SchemaError, StateBackendError, StateError
 from ..keycodec import encode_keys_with_groups
 from ..keygroups import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
 from ..state.codec import fixed_columns
+from ..state.value import BlockState
 
 STATE_NAME = "columnState"
 
@@ -38,18 +39,35 @@ class KeyedColumnState:
         The key groups this partition owns: a key outside them is refused with a
         :class:`~statebackend.errors.StateBackendError` (its state belongs to another
         partition). The task passes its own; None accepts every key group.
+    value_blocks : int, optional
+        None (the default): one RocksDB entry per key. N (1..65535): the values are packed
+        into N blocks per key group (:class:`~statebackend.state.value.BlockState`), so a
+        batch costs one RocksDB call per block instead of one per key; each write rewrites
+        the blocks it touches. Fixed for the life of the state: a checkpoint written with
+        one setting is refused (``SchemaError``) under another.
     """
 
     def __init__(self, backend: KeyedStateBackend, key_columns: Sequence[str],
                  key_types: Sequence[str], value_schema, max_parallelism: int,
-                 key_group_range: KeyGroupRange | None = None) -> None:
+                 key_group_range: KeyGroupRange | None = None,
+                 value_blocks: int | None = None) -> None:
         self._backend = backend
         self._key_columns = list(key_columns)
         self._key_types = list(key_types)
         check_max_parallelism(max_parallelism)
         self._max_parallelism = max_parallelism
         self._range = key_group_range
-        self._state = backend.value_state(STATE_NAME, value_schema)
+        try:
+            if value_blocks is None:
+                self._state = backend.value_state(STATE_NAME, value_schema)
+                self._blocks: BlockState | None = None
+            else:
+                self._state = self._blocks = backend.block_state(STATE_NAME, value_schema,
+                                                                  value_blocks)
+        except SchemaError as exc:
+            raise SchemaError(f"{exc} (map_in_pandas: the stored state was written with "
+                              f"another state_schema or value_blocks setting; keep the "
+                              f"one it was written with)") from exc
         self._fields = list(self._state.codec.schema.names)
         # Whole-column codec when every value field is numeric/boolean (else None).
         self._fixed = fixed_columns(self._state.codec.schema)
@@ -80,10 +98,25 @@ class KeyedColumnState:
                     f"repartitioned between the operator and its input?)")
         return encoded
 
+    def _get_raw(self, keys) -> list[bytes | None]:
+        if self._blocks is not None:
+            return self._blocks.get_entries(self._encode(keys))
+        return self._state.get_many_raw(self._encode(keys))
+
+    def _put_raw(self, keys, payloads: list[bytes]) -> None:
+        encoded = self._encode(keys)
+        if len(encoded) != len(payloads):
+            raise StateError(f"map_in_pandas state: put got {len(encoded)} keys and "
+                             f"{len(payloads)} values")
+        if self._blocks is not None:
+            self._blocks.put_entries(encoded, payloads)
+        else:
+            self._state.put_many_raw(encoded, payloads)
+
     def get(self, keys) -> pd.DataFrame:
         """Stored values for ``keys`` (a Series, a DataFrame of key columns, or a list),
         one row per key in the same order; missing keys give nulls (NaN/None)."""
-        raws = self._state.get_many_raw(self._encode(keys))
+        raws = self._get_raw(keys)
         if self._fixed is not None:
             columns = self._fixed.decode(raws)
             if columns is not None:
@@ -114,8 +147,7 @@ class KeyedColumnState:
         return pd.DataFrame(data, columns=self._fields)
 
     def exists(self, keys) -> np.ndarray:
-        return np.array([v is not None for v in self._state.get_many_raw(self._encode(keys))],
-                        dtype=bool)
+        return np.array([v is not None for v in self._get_raw(keys)], dtype=bool)
 
     def put(self, keys, values: pd.DataFrame | Sequence[tuple]) -> None:
         """Store one value per key (``values`` rows align with ``keys``)."""
@@ -125,32 +157,38 @@ class KeyedColumnState:
                 payloads = self._fixed.encode([frame.iloc[:, i].to_numpy()
                                                for i in range(frame.shape[1])])
                 if payloads is not None:
-                    self._state.put_many_raw(self._encode(keys), payloads)
+                    self._put_raw(keys, payloads)
                     return
             tuples = list(frame.itertuples(index=False, name=None))
         elif isinstance(values, pd.Series):
             if self._fixed is not None and len(self._fields) == 1:
                 payloads = self._fixed.encode([values.to_numpy()])
                 if payloads is not None:
-                    self._state.put_many_raw(self._encode(keys), payloads)
+                    self._put_raw(keys, payloads)
                     return
             tuples = [(v,) for v in values.tolist()]
         else:
             tuples = [tuple(v) if isinstance(v, (tuple, list)) else (v,) for v in values]
-        self._state.put_many(self._encode(keys), tuples)
+        encode = self._state.codec.encode
+        self._put_raw(keys, [encode(t) for t in tuples])
 
     def delete(self, keys) -> None:
-        self._state.delete_many(self._encode(keys))
+        encoded = self._encode(keys)
+        if self._blocks is not None:
+            self._blocks.put_entries(encoded, [None] * len(encoded))
+        else:
+            self._state.delete_many(encoded)
 
 
-def vector_process(func, config, state_schema):
+def vector_process(func, config, state_schema, value_blocks: int | None = None):
     """What ``map_in_pandas`` hands the task runner: ``func(frames, state)`` over the
     partition's input, with a :class:`KeyedColumnState` confined to its key groups."""
     from .task import kg_range_of
 
     def process(backend, groups, ctx, decode):
         state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
-                                 config.max_parallelism, kg_range_of(config, ctx.partition))
+                                 config.max_parallelism, kg_range_of(config, ctx.partition),
+                                 value_blocks)
         frames = iter([groups.frame]) if len(groups.frame) else iter([])
         return run_vector_function(func, backend, frames, state)
 

@@ -56,7 +56,7 @@ from .timers import (
     split_composite,
 )
 from .ttl import TTL_CF, purge_expired, validate_ttl
-from .value import ValueState
+from .value import MAX_BLOCKS, BlockState, ValueState
 
 __all__ = ["KeyedStateBackend", "META_CF"]
 
@@ -225,6 +225,28 @@ class KeyedStateBackend:
         self._states[name] = st
         return st
 
+    def block_state(self, name: str, schema: Any, blocks: int) -> BlockState:
+        """Create, or return the already declared, block state ``name``: the values of
+        many grouping keys packed into ``blocks`` RocksDB entries per key group (see
+        :class:`~.value.BlockState`; its user is ``KeyedColumnState``).
+
+        Raises
+        ------
+        SchemaError
+            When ``name`` was declared (now or in the stored state) with another kind,
+            schema or number of blocks.
+        """
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
+            raise StateError(f"block state {name!r}: blocks must be an int in 1..{MAX_BLOCKS}, "
+                             f"got {blocks!r}")
+        s = to_schema(schema)
+        existing = self._declare(StateDescriptor(name, "blocks", s.ddl(), None, None, blocks))
+        if existing is not None:
+            return existing  # type: ignore[return-value]
+        st = BlockState(self, name, compile_codec(s, f"block state {name!r}"), blocks)
+        self._states[name] = st
+        return st
+
     def list_state(self, name: str, schema: Any, ttl_ms: int | None = None) -> ListState:
         """Create, or return the already declared, list state ``name`` (see :meth:`value_state`)."""
         s = to_schema(schema)
@@ -322,8 +344,8 @@ class KeyedStateBackend:
         self._check_name(desc.name)
         old = self._meta.get(desc.name)
         if old is not None:
-            if (old.kind, old.value_schema, old.user_key_schema) != \
-                    (desc.kind, desc.value_schema, desc.user_key_schema):
+            if (old.kind, old.value_schema, old.user_key_schema, old.blocks) != \
+                    (desc.kind, desc.value_schema, desc.user_key_schema, desc.blocks):
                 raise SchemaError(
                     f"state {desc.name!r} already exists as {self._describe(old)}; it cannot be "
                     f"redeclared as {self._describe(desc)}. Use another name, or "
@@ -345,7 +367,8 @@ class KeyedStateBackend:
         self._meta[desc.name] = desc
         self._meta_dirty[_STATE_PREFIX + desc.name.encode("utf-8")] = json.dumps(
             {"name": desc.name, "kind": desc.kind, "value_schema": desc.value_schema,
-             "user_key_schema": desc.user_key_schema, "ttl_ms": desc.ttl_ms},
+             "user_key_schema": desc.user_key_schema, "ttl_ms": desc.ttl_ms,
+             **({"blocks": desc.blocks} if desc.blocks is not None else {})},
             sort_keys=True).encode("utf-8")
         self._note_write()
         return None
@@ -354,6 +377,8 @@ class KeyedStateBackend:
     def _describe(d: StateDescriptor) -> str:
         if d.kind == "map":
             return f"map<({d.user_key_schema}) -> ({d.value_schema})>"
+        if d.kind == "blocks":
+            return f"blocks[{d.blocks} per key group]({d.value_schema})"
         return f"{d.kind}({d.value_schema})"
 
     def _load_meta(self) -> dict[str, StateDescriptor]:
@@ -384,7 +409,7 @@ class KeyedStateBackend:
         for st in list(self._states.values()):
             if wanted is not None and st.name not in wanted:
                 continue
-            if isinstance(st, (ValueState, ListState)):
+            if isinstance(st, (ValueState, ListState)) and not isinstance(st, BlockState):
                 dirty, clean = st._dirty, st._clean
                 missing = [k for k in keys if k not in dirty and k not in clean]
                 if missing:
