@@ -571,8 +571,14 @@ class FixedColumns:
         Returns None when a payload does not have this schema's fixed size.
         """
         n = len(payloads)
-        present = np.fromiter((p is not None for p in payloads), dtype=bool, count=n)
-        live = [p for p in payloads if p is not None]
+        # C-level passes (a payload is never empty: it holds at least the null bitmap).
+        live = list(filter(None, payloads))
+        if len(live) == n:
+            present = np.ones(n, dtype=bool)
+        else:
+            present = np.fromiter(map(bool, payloads), dtype=bool, count=n)
+            if int(present.sum()) != len(live):  # an empty payload: not this codec's
+                return None
         s = self.size
         if live and set(map(len, live)) != {s}:
             return None

@@ -231,6 +231,7 @@ class BlockState(ValueState):
         super().__init__(backend, name, codec, None)
         self.blocks = blocks
         self._open_blocks: dict[int, dict[bytes, bytes]] = {}
+        self._key_memo: dict[int, bytes] = {}
 
     def block_ids(self, keys: list[bytes]) -> np.ndarray:
         """Block of every grouping key (``key group * blocks + block``), int64."""
@@ -238,33 +239,35 @@ class BlockState(ValueState):
         _kernels.block_ids(keys, out, self.blocks)
         return out
 
-    def _block_key(self, block_id: int) -> bytes:
-        return _BLOCK_KEY.pack(*divmod(block_id, self.blocks))
+    def _block_keys(self, ids: list[int]) -> list[bytes]:
+        """RocksDB keys of blocks ``ids`` (memoised: a partition has few blocks)."""
+        memo = self._key_memo
+        for b in ids:
+            if b not in memo:
+                memo[b] = _BLOCK_KEY.pack(*divmod(b, self.blocks))
+        return [memo[b] for b in ids]
 
     def _load(self, ids: list[int]) -> dict[int, dict[bytes, bytes]]:
         """The open blocks, with every block of ``ids`` (distinct) among them."""
         opened = self._open_blocks
         missing = [b for b in ids if b not in opened]
         if missing:
-            raws = self.get_many_raw([self._block_key(b) for b in missing])
-            for b, raw in zip(missing, raws):
-                opened[b] = {} if raw is None else decode_block(self.name, self._block_key(b), raw)
+            block_keys = self._block_keys(missing)
+            for b, bk, raw in zip(missing, block_keys, self.get_many_raw(block_keys)):
+                opened[b] = {} if raw is None else decode_block(self.name, bk, raw)
         return opened
 
-    def get_entries(self, keys: list[bytes], ids: np.ndarray | None = None) -> list[bytes | None]:
+    def get_entries(self, keys: list[bytes]) -> list[bytes | None]:
         """Encoded values of grouping ``keys`` (None when absent), in order."""
-        if ids is None:
-            ids = self.block_ids(keys)
+        ids = self.block_ids(keys)
         return _kernels.block_gather(self._load(np.unique(ids).tolist()), ids, keys)
 
-    def put_entries(self, keys: list[bytes], payloads: Sequence[bytes | None],
-                    ids: np.ndarray | None = None) -> None:
+    def put_entries(self, keys: list[bytes], payloads: Sequence[bytes | None]) -> None:
         """Set ``keys[i]`` to ``payloads[i]`` (None removes it); rewrites each touched block."""
         if len(keys) != len(payloads):
             raise StateError(f"state {self.name!r}: got {len(keys)} keys and "
                              f"{len(payloads)} values")
-        if ids is None:
-            ids = self.block_ids(keys)
+        ids = self.block_ids(keys)
         touched = np.unique(ids).tolist()
         opened = self._load(touched)
         _kernels.block_scatter(opened, ids, keys, list(payloads))
@@ -272,9 +275,9 @@ class BlockState(ValueState):
         empty = [b for b in touched if not opened[b]]
         if full:
             pack = _kernels.pack_block
-            self.put_many_raw([self._block_key(b) for b in full], [pack(opened[b]) for b in full])
+            self.put_many_raw(self._block_keys(full), [pack(opened[b]) for b in full])
         if empty:
-            self.delete_many([self._block_key(b) for b in empty])
+            self.delete_many(self._block_keys(empty))
         for b in touched:  # written: decoding it again is cheaper than holding it
             del opened[b]
 
