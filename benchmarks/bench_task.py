@@ -199,15 +199,18 @@ def manifest_timings(location: str, operator_id: str, partitions: int = 1,
     ``first_batch`` on, of what the tasks recorded: ``task_ms`` and the checkpoint's sync
     and async parts (ms)."""
     from statebackend.storage import open_store
+    from statebackend.checkpoint.manifest import CHECKPOINTS_DIR
     from statebackend.storage.manifests import list_published_manifests, operator_store
 
     store = operator_store(open_store(location), operator_id)
     rows: dict[str, list[float]] = {}
-    b = first_batch
-    while True:
+    # retention deletes old checkpoints' manifests: read the completed ones still there
+    names = [n.rsplit("/", 1)[-1] for n in store.list_dir(CHECKPOINTS_DIR)]
+    ids = sorted(i for i in (int(n[4:-5]) for n in names
+                             if n.startswith("chk-") and n.endswith(".json") and n[4:-5].isdigit())
+                 if i >= first_batch)
+    for b in ids:
         found = [m for p in range(partitions) for m in list_published_manifests(store, b, p)]
-        if not found:
-            break
         for m in found:
             met = m.metrics
             stages_ms = {k: float(v) for k, v in (met.get("task_ms") or {}).items()}
@@ -215,7 +218,6 @@ def manifest_timings(location: str, operator_id: str, partitions: int = 1,
             stages_ms["async"] = 1000 * float(met.get("async_duration_s", 0))
             for k, v in stages_ms.items():
                 rows.setdefault(k, []).append(v)
-        b += 1
     return {k: float(np.median(v)) for k, v in rows.items()}
 
 
