@@ -12,8 +12,8 @@
  *
  * and three over value blocks (many keys' values in one RocksDB entry):
  *
- *   block_ids(keys, out, nbuckets), pack_block(dict) -> bytes, unpack_block(bytes) -> dict,
- *   block_gather(opened, ids, keys) -> list, block_scatter(opened, ids, keys, values)
+ *   block_ids(keys, out, nbuckets), unpack_block(bytes) -> dict,
+ *   blocks_get(blocks, slots, keys) -> list, blocks_put(blocks, slots, keys, values) -> list
  *
  * Each must stay byte-for-byte equal to its pure-Python twin; tests/test_native.py checks.
  * C99, CPython API only, no numpy headers: arrays arrive through the buffer protocol.
@@ -538,7 +538,7 @@ done:
 /* ---- value blocks (KeyedColumnState's block layout) ---------------------------------
  *
  * block := 0x01 varint(n) entry{n};  entry := varint(len key) key varint(len value) value
- * Keys are grouping keys (2-byte key group first). See statebackend/_kernels.py.
+ * Entries in strictly ascending (bytewise) key order. See statebackend/_kernels.py.
  */
 
 #define BLOCK_VERSION 0x01
@@ -577,36 +577,6 @@ static PyObject *py_block_ids(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_pack_block(PyObject *self, PyObject *args) {
-    PyObject *entries, *k, *v;
-    if (!PyArg_ParseTuple(args, "O!:pack_block", &PyDict_Type, &entries)) return NULL;
-    Py_ssize_t pos = 0, size = 1 + varint_len((uint64_t)PyDict_GET_SIZE(entries));
-    while (PyDict_Next(entries, &pos, &k, &v)) {
-        if (!PyBytes_Check(k) || !PyBytes_Check(v)) {
-            PyErr_SetString(PyExc_TypeError, "a block maps bytes keys to bytes values");
-            return NULL;
-        }
-        Py_ssize_t kn = PyBytes_GET_SIZE(k), vn = PyBytes_GET_SIZE(v);
-        size += varint_len((uint64_t)kn) + kn + varint_len((uint64_t)vn) + vn;
-    }
-    PyObject *res = PyBytes_FromStringAndSize(NULL, size);
-    if (res == NULL) return NULL;
-    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(res);
-    *p++ = BLOCK_VERSION;
-    p = put_varint(p, (uint64_t)PyDict_GET_SIZE(entries));
-    pos = 0;
-    while (PyDict_Next(entries, &pos, &k, &v)) {
-        Py_ssize_t kn = PyBytes_GET_SIZE(k), vn = PyBytes_GET_SIZE(v);
-        p = put_varint(p, (uint64_t)kn);
-        memcpy(p, PyBytes_AS_STRING(k), (size_t)kn);
-        p += kn;
-        p = put_varint(p, (uint64_t)vn);
-        memcpy(p, PyBytes_AS_STRING(v), (size_t)vn);
-        p += vn;
-    }
-    return res;
-}
-
 /* Read a varint at *p (< end); -1 and a ValueError when it runs past end or is too long. */
 static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     uint64_t r = 0;
@@ -623,160 +593,364 @@ static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     return -1;
 }
 
-static PyObject *py_unpack_block(PyObject *self, PyObject *args) {
-    Py_buffer in;
-    if (!PyArg_ParseTuple(args, "y*:unpack_block", &in)) return NULL;
-    const uint8_t *p = (const uint8_t *)in.buf, *end = p + in.len;
-    PyObject *d = NULL;
+typedef struct {
+    const uint8_t *k, *v;
+    Py_ssize_t kn, vn;
+} entry_t;
+
+static inline int key_cmp(const uint8_t *a, Py_ssize_t an, const uint8_t *b, Py_ssize_t bn) {
+    int c = memcmp(a, b, (size_t)(an < bn ? an : bn));
+    return c != 0 ? c : (an < bn ? -1 : an > bn ? 1 : 0);
+}
+
+typedef struct {
+    entry_t *e;
+    Py_ssize_t n, cap;
+} entries_t;
+
+static int entries_push(entries_t *es, entry_t e) {
+    if (es->n == es->cap) {
+        Py_ssize_t cap = es->cap ? es->cap * 2 : 256;
+        entry_t *grown = PyMem_Realloc(es->e, (size_t)cap * sizeof(entry_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        es->e = grown;
+        es->cap = cap;
+    }
+    es->e[es->n++] = e;
+    return 0;
+}
+
+/* Append the entries of one block to `es`, checking the whole format (version byte, entry
+ * count, bounds, strictly ascending keys, no trailing bytes); -1 with ValueError if not. */
+static int parse_block(const uint8_t *p, Py_ssize_t len, entries_t *es) {
+    const uint8_t *end = p + len;
     uint64_t n, kn, vn;
-    if (in.len < 1 || *p != BLOCK_VERSION) {
+    if (len < 1 || *p != BLOCK_VERSION) {
         PyErr_SetString(PyExc_ValueError, "corrupt value block: unknown version byte");
-        goto fail;
+        return -1;
     }
     p++;
-    if (get_varint(&p, end, &n) < 0) goto fail;
+    if (get_varint(&p, end, &n) < 0) return -1;
     if (n > (uint64_t)(end - p) / 2) {
         PyErr_SetString(PyExc_ValueError, "corrupt value block: impossible entry count");
-        goto fail;
+        return -1;
     }
-    d = PyDict_New();
-    if (d == NULL) goto fail;
+    Py_ssize_t first = es->n;
     for (uint64_t i = 0; i < n; i++) {
-        if (get_varint(&p, end, &kn) < 0) goto fail;
+        entry_t e;
+        if (get_varint(&p, end, &kn) < 0) return -1;
         if (kn > (uint64_t)(end - p)) goto truncated;
-        PyObject *k = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)kn);
-        if (k == NULL) goto fail;
+        e.k = p;
+        e.kn = (Py_ssize_t)kn;
         p += kn;
-        if (get_varint(&p, end, &vn) < 0 || vn > (uint64_t)(end - p)) {
-            Py_DECREF(k);
-            if (!PyErr_Occurred()) goto truncated;
-            goto fail;
-        }
-        PyObject *v = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)vn);
-        if (v == NULL) {
-            Py_DECREF(k);
-            goto fail;
-        }
+        if (get_varint(&p, end, &vn) < 0) return -1;
+        if (vn > (uint64_t)(end - p)) goto truncated;
+        e.v = p;
+        e.vn = (Py_ssize_t)vn;
         p += vn;
-        int rc = PyDict_SetItem(d, k, v);
-        Py_DECREF(k);
-        Py_DECREF(v);
-        if (rc < 0) goto fail;
+        if (es->n > first) {
+            const entry_t *prev = &es->e[es->n - 1];
+            if (key_cmp(prev->k, prev->kn, e.k, e.kn) >= 0) {
+                PyErr_SetString(PyExc_ValueError,
+                                "corrupt value block: keys out of order or a key twice");
+                return -1;
+            }
+        }
+        if (entries_push(es, e) < 0) return -1;
     }
     if (p != end) {
         PyErr_SetString(PyExc_ValueError, "corrupt value block: trailing bytes");
-        goto fail;
+        return -1;
     }
-    if ((uint64_t)PyDict_GET_SIZE(d) != n) {
-        PyErr_SetString(PyExc_ValueError, "corrupt value block: a key appears twice");
-        goto fail;
-    }
-    PyBuffer_Release(&in);
-    return d;
+    return 0;
 truncated:
     PyErr_SetString(PyExc_ValueError, "corrupt value block: an entry runs past its end");
+    return -1;
+}
+
+/* Parse every block of `blobs` (bytes or None = empty) into `es`; starts[b]..starts[b+1]
+ * are block b's entries. */
+static Py_ssize_t *parse_blocks(PyObject *blobs, entries_t *es) {
+    Py_ssize_t nb = PyList_GET_SIZE(blobs);
+    Py_ssize_t *starts = PyMem_Malloc((size_t)(nb + 1) * sizeof(Py_ssize_t));
+    if (starts == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        starts[b] = es->n;
+        PyObject *blob = PyList_GET_ITEM(blobs, b);
+        if (blob == Py_None) continue;
+        if (!PyBytes_Check(blob)) {
+            PyErr_SetString(PyExc_TypeError, "a block must be bytes or None");
+            goto fail;
+        }
+        if (parse_block((const uint8_t *)PyBytes_AS_STRING(blob), PyBytes_GET_SIZE(blob), es) < 0)
+            goto fail;
+    }
+    starts[nb] = es->n;
+    return starts;
 fail:
-    Py_XDECREF(d);
-    PyBuffer_Release(&in);
+    PyMem_Free(starts);
     return NULL;
 }
 
-/* The open block of ids[i] (a key of `opened`); NULL with KeyError when it is not open. */
-static PyObject *open_block(PyObject *opened, int64_t id) {
-    PyObject *key = PyLong_FromLongLong(id);
-    if (key == NULL) return NULL;
-    PyObject *d = PyDict_GetItemWithError(opened, key);
-    if (d == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
-    Py_DECREF(key);
-    if (d != NULL && !PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "an open block must be a dict");
-        return NULL;
+static PyObject *py_unpack_block(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*:unpack_block", &in)) return NULL;
+    entries_t es = {NULL, 0, 0};
+    PyObject *d = NULL;
+    if (parse_block((const uint8_t *)in.buf, in.len, &es) < 0) goto done;
+    d = PyDict_New();
+    for (Py_ssize_t i = 0; d != NULL && i < es.n; i++) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)es.e[i].k, es.e[i].kn);
+        PyObject *v = k ? PyBytes_FromStringAndSize((const char *)es.e[i].v, es.e[i].vn) : NULL;
+        if (v == NULL || PyDict_SetItem(d, k, v) < 0) Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
     }
+done:
+    PyMem_Free(es.e);
+    PyBuffer_Release(&in);
     return d;
 }
 
-static int ids_view(PyObject *obj, Py_buffer *view, Py_ssize_t n) {
+/* The int64 slots (index into blobs, one per key), checked against the number of blocks. */
+static int slots_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, Py_ssize_t nb) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (view->itemsize != 8 || view->len != n * 8) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "ids must be an int64 array, one per key");
+        PyErr_SetString(PyExc_ValueError, "slots must be an int64 array, one per key");
         return -1;
+    }
+    const int64_t *s = (const int64_t *)view->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < 0 || s[i] >= nb) {
+            PyBuffer_Release(view);
+            PyErr_Format(PyExc_IndexError, "slot %lld of key %zd is not a block index",
+                         (long long)s[i], i);
+            return -1;
+        }
     }
     return 0;
 }
 
-static PyObject *py_block_gather(PyObject *self, PyObject *args) {
-    PyObject *opened, *ids_obj, *keys;
-    if (!PyArg_ParseTuple(args, "O!OO!:block_gather", &PyDict_Type, &opened, &ids_obj,
+static int check_keys(PyObject *keys) {
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *py_blocks_get(PyObject *self, PyObject *args) {
+    PyObject *blobs, *slots_obj, *keys;
+    if (!PyArg_ParseTuple(args, "O!OO!:blocks_get", &PyList_Type, &blobs, &slots_obj,
                           &PyList_Type, &keys))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    Py_buffer ids;
-    if (ids_view(ids_obj, &ids, n) < 0) return NULL;
-    const int64_t *id = (const int64_t *)ids.buf;
-    PyObject *out = PyList_New(n), *d = NULL;
-    int64_t last = -1;
+    if (check_keys(keys) < 0) return NULL;
+    Py_buffer sv;
+    if (slots_view(slots_obj, &sv, n, PyList_GET_SIZE(blobs)) < 0) return NULL;
+    const int64_t *slot = (const int64_t *)sv.buf;
+    entries_t es = {NULL, 0, 0};
+    PyObject *out = NULL;
+    Py_ssize_t *starts = parse_blocks(blobs, &es);
+    if (starts == NULL) goto done;
+    out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        if (d == NULL || id[i] != last) {
-            d = open_block(opened, id[i]);
-            last = id[i];
-            if (d == NULL) goto fail;
+        PyObject *key = PyList_GET_ITEM(keys, i), *v = NULL;
+        const uint8_t *kp = (const uint8_t *)PyBytes_AS_STRING(key);
+        Py_ssize_t kn = PyBytes_GET_SIZE(key), lo = starts[slot[i]], hi = starts[slot[i] + 1];
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            int c = key_cmp(es.e[mid].k, es.e[mid].kn, kp, kn);
+            if (c == 0) {
+                v = PyBytes_FromStringAndSize((const char *)es.e[mid].v, es.e[mid].vn);
+                if (v == NULL) Py_CLEAR(out);
+                break;
+            }
+            if (c < 0) lo = mid + 1;
+            else hi = mid;
         }
-        PyObject *v = PyDict_GetItemWithError(d, PyList_GET_ITEM(keys, i));
+        if (out == NULL) break;
         if (v == NULL) {
-            if (PyErr_Occurred()) goto fail;
             v = Py_None;
+            Py_INCREF(v);
         }
-        Py_INCREF(v);
         PyList_SET_ITEM(out, i, v);
     }
-    PyBuffer_Release(&ids);
+done:
+    PyMem_Free(starts);
+    PyMem_Free(es.e);
+    PyBuffer_Release(&sv);
     return out;
-fail:
-    Py_XDECREF(out);
-    PyBuffer_Release(&ids);
-    return NULL;
 }
 
-static PyObject *py_block_scatter(PyObject *self, PyObject *args) {
-    PyObject *opened, *ids_obj, *keys, *values;
-    if (!PyArg_ParseTuple(args, "O!OO!O!:block_scatter", &PyDict_Type, &opened, &ids_obj,
+/* Stable merge sort of idx[0..n) by the bytes keys[idx[i]] (tmp: scratch of n). */
+static void sort_by_key(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, PyObject *keys) {
+    if (n < 2) return;
+    if (n <= 16) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            Py_ssize_t x = idx[i], j = i;
+            PyObject *kx = PyList_GET_ITEM(keys, x);
+            while (j > 0) {
+                PyObject *ky = PyList_GET_ITEM(keys, idx[j - 1]);
+                if (key_cmp((const uint8_t *)PyBytes_AS_STRING(ky), PyBytes_GET_SIZE(ky),
+                            (const uint8_t *)PyBytes_AS_STRING(kx), PyBytes_GET_SIZE(kx)) <= 0)
+                    break;
+                idx[j] = idx[j - 1];
+                j--;
+            }
+            idx[j] = x;
+        }
+        return;
+    }
+    Py_ssize_t h = n / 2, a = 0, b = h, o = 0;
+    sort_by_key(idx, tmp, h, keys);
+    sort_by_key(idx + h, tmp, n - h, keys);
+    while (a < h && b < n) {
+        PyObject *ka = PyList_GET_ITEM(keys, idx[a]), *kb = PyList_GET_ITEM(keys, idx[b]);
+        if (key_cmp((const uint8_t *)PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb),
+                    (const uint8_t *)PyBytes_AS_STRING(ka), PyBytes_GET_SIZE(ka)) < 0)
+            tmp[o++] = idx[b++];
+        else
+            tmp[o++] = idx[a++];
+    }
+    while (a < h) tmp[o++] = idx[a++];
+    while (b < n) tmp[o++] = idx[b++];
+    memcpy(idx, tmp, (size_t)n * sizeof(Py_ssize_t));
+}
+
+/* Emit one merged entry: count/size pass when out == NULL, else write at *out. */
+static inline void emit(uint8_t **out, Py_ssize_t *count, Py_ssize_t *size, const uint8_t *k,
+                        Py_ssize_t kn, const uint8_t *v, Py_ssize_t vn) {
+    if (*out == NULL) {
+        (*count)++;
+        *size += varint_len((uint64_t)kn) + kn + varint_len((uint64_t)vn) + vn;
+        return;
+    }
+    uint8_t *p = put_varint(*out, (uint64_t)kn);
+    memcpy(p, k, (size_t)kn);
+    p = put_varint(p + kn, (uint64_t)vn);
+    memcpy(p, v, (size_t)vn);
+    *out = p + vn;
+}
+
+/* Merge block entries [lo, hi) with the sorted updates upd[0..m) (duplicates: the last
+ * wins; a None value deletes), either counting (out == NULL) or writing. */
+static void merge_block(const entries_t *es, Py_ssize_t lo, Py_ssize_t hi, const Py_ssize_t *upd,
+                        Py_ssize_t m, PyObject *keys, PyObject *values, uint8_t **out,
+                        Py_ssize_t *count, Py_ssize_t *size) {
+    Py_ssize_t j = 0;
+    while (lo < hi || j < m) {
+        int c;
+        PyObject *uk = NULL;
+        if (j < m) uk = PyList_GET_ITEM(keys, upd[j]);
+        if (lo >= hi) c = 1;
+        else if (j >= m) c = -1;
+        else c = key_cmp(es->e[lo].k, es->e[lo].kn, (const uint8_t *)PyBytes_AS_STRING(uk),
+                         PyBytes_GET_SIZE(uk));
+        if (c < 0) {
+            emit(out, count, size, es->e[lo].k, es->e[lo].kn, es->e[lo].v, es->e[lo].vn);
+            lo++;
+            continue;
+        }
+        if (c == 0) lo++;  /* replaced or deleted */
+        /* the last of a run of equal update keys wins */
+        while (j + 1 < m) {
+            PyObject *nk = PyList_GET_ITEM(keys, upd[j + 1]);
+            if (key_cmp((const uint8_t *)PyBytes_AS_STRING(nk), PyBytes_GET_SIZE(nk),
+                        (const uint8_t *)PyBytes_AS_STRING(uk), PyBytes_GET_SIZE(uk)) != 0)
+                break;
+            j++;
+        }
+        PyObject *v = PyList_GET_ITEM(values, upd[j]);
+        if (v != Py_None)
+            emit(out, count, size, (const uint8_t *)PyBytes_AS_STRING(uk), PyBytes_GET_SIZE(uk),
+                 (const uint8_t *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+        j++;
+    }
+}
+
+static PyObject *py_blocks_put(PyObject *self, PyObject *args) {
+    PyObject *blobs, *slots_obj, *keys, *values;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:blocks_put", &PyList_Type, &blobs, &slots_obj,
                           &PyList_Type, &keys, &PyList_Type, &values))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
+    Py_ssize_t n = PyList_GET_SIZE(keys), nb = PyList_GET_SIZE(blobs);
     if (PyList_GET_SIZE(values) != n) {
         PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
         return NULL;
     }
-    Py_buffer ids;
-    if (ids_view(ids_obj, &ids, n) < 0) return NULL;
-    const int64_t *id = (const int64_t *)ids.buf;
-    PyObject *d = NULL;
-    int64_t last = -1;
+    if (check_keys(keys) < 0) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (d == NULL || id[i] != last) {
-            d = open_block(opened, id[i]);
-            last = id[i];
-            if (d == NULL) goto fail;
-        }
-        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
-        if (v == Py_None) {
-            if (PyDict_DelItem(d, k) < 0) {
-                if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto fail;
-                PyErr_Clear();
-            }
-        } else if (!PyBytes_Check(k) || !PyBytes_Check(v)) {
-            PyErr_SetString(PyExc_TypeError, "a block maps bytes keys to bytes values");
-            goto fail;
-        } else if (PyDict_SetItem(d, k, v) < 0) {
-            goto fail;
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (v != Py_None && !PyBytes_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "values must be bytes or None");
+            return NULL;
         }
     }
-    PyBuffer_Release(&ids);
-    Py_RETURN_NONE;
-fail:
-    PyBuffer_Release(&ids);
-    return NULL;
+    Py_buffer sv;
+    if (slots_view(slots_obj, &sv, n, nb) < 0) return NULL;
+    const int64_t *slot = (const int64_t *)sv.buf;
+    entries_t es = {NULL, 0, 0};
+    PyObject *out = NULL;
+    Py_ssize_t *first = NULL, *idx = NULL, *tmp = NULL;
+    Py_ssize_t *starts = parse_blocks(blobs, &es);
+    if (starts == NULL) goto done;
+    /* counting sort of the updates by slot (stable), then by key within each slot */
+    first = PyMem_Calloc((size_t)nb + 1, sizeof(Py_ssize_t));
+    idx = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    /* scratch: the slot cursors of the counting sort (nb), then the merge sort's (n) */
+    tmp = PyMem_Malloc((size_t)(n > nb ? n : nb + 1) * sizeof(Py_ssize_t));
+    if (first == NULL || idx == NULL || tmp == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) first[slot[i] + 1]++;
+    for (Py_ssize_t b = 0; b < nb; b++) first[b + 1] += first[b];
+    memcpy(tmp, first, (size_t)nb * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < n; i++) idx[tmp[slot[i]]++] = i;
+    out = PyList_New(nb);
+    for (Py_ssize_t b = 0; out != NULL && b < nb; b++) {
+        Py_ssize_t *upd = idx + first[b], m = first[b + 1] - first[b];
+        sort_by_key(upd, tmp, m, keys);
+        Py_ssize_t count = 0, size = 0;
+        uint8_t *w = NULL;
+        merge_block(&es, starts[b], starts[b + 1], upd, m, keys, values, &w, &count, &size);
+        PyObject *blob;
+        if (count == 0) {
+            blob = Py_None;
+            Py_INCREF(blob);
+        } else {
+            size += 1 + varint_len((uint64_t)count);
+            blob = PyBytes_FromStringAndSize(NULL, size);
+            if (blob == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            w = (uint8_t *)PyBytes_AS_STRING(blob);
+            *w++ = BLOCK_VERSION;
+            w = put_varint(w, (uint64_t)count);
+            merge_block(&es, starts[b], starts[b + 1], upd, m, keys, values, &w, &count, &size);
+        }
+        PyList_SET_ITEM(out, b, blob);
+    }
+done:
+    PyMem_Free(first);
+    PyMem_Free(idx);
+    PyMem_Free(tmp);
+    PyMem_Free(starts);
+    PyMem_Free(es.e);
+    PyBuffer_Release(&sv);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -791,17 +965,16 @@ static PyMethodDef methods[] = {
      "block_ids(keys, out, nbuckets) -> None\n\n"
      "Block of every grouping key: key_group * nbuckets + Murmur3 (seed 0x5eed) of the key\n"
      "after its 2-byte key group, unsigned mod nbuckets, into the int64 array `out`."},
-    {"pack_block", py_pack_block, METH_VARARGS,
-     "pack_block(entries: dict[bytes, bytes]) -> bytes\n\nOne value block, entries in dict order."},
     {"unpack_block", py_unpack_block, METH_VARARGS,
      "unpack_block(block) -> dict[bytes, bytes]\n\nThe entries of a value block; ValueError "
      "if it is corrupt."},
-    {"block_gather", py_block_gather, METH_VARARGS,
-     "block_gather(opened, ids, keys) -> list\n\n"
-     "opened[ids[i]].get(keys[i]) for every key (opened: block id -> entries dict)."},
-    {"block_scatter", py_block_scatter, METH_VARARGS,
-     "block_scatter(opened, ids, keys, values) -> None\n\n"
-     "opened[ids[i]][keys[i]] = values[i]; a None value removes the key."},
+    {"blocks_get", py_blocks_get, METH_VARARGS,
+     "blocks_get(blocks, slots, keys) -> list[bytes | None]\n\n"
+     "The value of keys[i] in blocks[slots[i]] (a block is bytes or None = empty)."},
+    {"blocks_put", py_blocks_put, METH_VARARGS,
+     "blocks_put(blocks, slots, keys, values) -> list[bytes | None]\n\n"
+     "Every block with its keys set to their values (the last of equal keys wins, None\n"
+     "removes); None for a block left empty."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,24 +29,29 @@ headers):
 
 A ``mask`` is a ``bool`` array, True where the value is present.
 
-Three kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
+Four kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
 layout of :class:`statebackend.spark.vector.KeyedColumnState`)::
 
-    block := 0x01 varint(n) entry{n}
+    block := 0x01 varint(n) entry{n}        entries in strictly ascending bytewise key order
     entry := varint(len(key)) key varint(len(value)) value
 
 ``block_ids(keys, out, nbuckets)``
     The block of every grouping key, ``key_group * nbuckets + bucket``, into the writable
     ``int64`` array ``out``; the bucket is Spark's ``hashUnsafeBytes`` of the key after
     its 2-byte key group, seed ``0x5EED``, unsigned, mod ``nbuckets`` (1..65535).
-``pack_block(entries)`` / ``unpack_block(block)``
-    ``dict[bytes, bytes]`` to a block (dict order) and back; a corrupt block (bad version
-    byte, truncated entry, trailing bytes, a key twice) raises ``ValueError``.
-``block_gather(opened, ids, keys)`` / ``block_scatter(opened, ids, keys, values)``
-    Read / write many keys in open (decoded) blocks, ``opened`` mapping a block id to its
-    entries dict: ``opened[ids[i]].get(keys[i])`` as a list, and
-    ``opened[ids[i]][keys[i]] = values[i]`` (None removes). ``ids`` is an ``int64`` array;
-    a block that is not open raises ``KeyError``.
+``blocks_get(blocks, slots, keys)``
+    The value of ``keys[i]`` in ``blocks[slots[i]]`` (None when absent); a block is bytes
+    or None (empty), ``slots`` an ``int64`` array. Binary search in the stored bytes: no
+    Python object is made for the entries not asked for.
+``blocks_put(blocks, slots, keys, values)``
+    Every block of ``blocks`` with ``keys[i]`` set to ``values[i]`` in block
+    ``slots[i]`` (the last of equal keys wins; a None value removes the key): a list of
+    new blocks, None for a block left empty.
+``unpack_block(block)``
+    The entries of a block as a dict (key order).
+
+A corrupt block (bad version byte, truncated entry, trailing bytes, keys out of order or
+twice) raises ``ValueError``; a slot outside ``blocks`` ``IndexError``.
 
 The twins below are the reference: the C kernels must be byte-for-byte equal to them
 (tests/test_native.py checks it with Hypothesis). ``STATEBACKEND_NO_NATIVE=1`` forces the
@@ -69,17 +74,16 @@ __all__ = [
     "BACKEND",
     "encode_keys",
     "hash_columns",
-    "block_gather",
     "block_ids",
-    "block_scatter",
-    "pack_block",
+    "blocks_get",
+    "blocks_put",
     "unpack_block",
     "native",
     "py_encode_keys",
     "py_hash_columns",
-    "py_block_gather",
     "py_block_ids",
-    "py_block_scatter",
+    "py_blocks_get",
+    "py_blocks_put",
     "py_pack_block",
     "py_unpack_block",
 ]
@@ -373,11 +377,10 @@ def py_block_ids(keys: list[bytes], out: np.ndarray, nbuckets: int) -> None:
 
 
 def py_pack_block(entries: dict[bytes, bytes]) -> bytes:
-    """Pure-Python twin of the native ``pack_block``."""
+    """A value block of ``entries`` (in key order); empty dicts give an empty block."""
     parts = [bytes((BLOCK_VERSION,)), varint(len(entries))]
-    for k, v in entries.items():
-        if not isinstance(k, bytes) or not isinstance(v, bytes):
-            raise TypeError("a block maps bytes keys to bytes values")
+    for k in sorted(entries):
+        v = entries[k]
         parts += (varint(len(k)), k, varint(len(v)), v)
     return b"".join(parts)
 
@@ -405,6 +408,7 @@ def py_unpack_block(block: bytes) -> dict[bytes, bytes]:
     if n > (len(buf) - pos) // 2:
         raise ValueError("corrupt value block: impossible entry count")
     out: dict[bytes, bytes] = {}
+    last = None
     for _ in range(n):
         kn, pos = _read_varint(buf, pos)
         if kn > len(buf) - pos:
@@ -413,48 +417,61 @@ def py_unpack_block(block: bytes) -> dict[bytes, bytes]:
         vn, pos = _read_varint(buf, pos + kn)
         if vn > len(buf) - pos:
             raise ValueError("corrupt value block: an entry runs past its end")
+        if last is not None and last >= k:
+            raise ValueError("corrupt value block: keys out of order or a key twice")
         out[k] = buf[pos:pos + vn]
+        last = k
         pos += vn
     if pos != len(buf):
         raise ValueError("corrupt value block: trailing bytes")
-    if len(out) != n:
-        raise ValueError("corrupt value block: a key appears twice")
     return out
 
 
-def py_block_gather(opened: dict[int, dict[bytes, bytes]], ids: np.ndarray,
-                    keys: list[bytes]) -> list[bytes | None]:
-    """Pure-Python twin of the native ``block_gather``."""
-    return [opened[b].get(k) for b, k in zip(_ids_of(ids, keys), keys)]
+def _check_blocks_args(blocks: list, slots: Any, keys: list) -> list[int]:
+    if any(b is not None and not isinstance(b, bytes) for b in blocks):
+        raise TypeError("a block must be bytes or None")
+    if any(not isinstance(k, bytes) for k in keys):
+        raise TypeError("keys must be bytes")
+    arr = np.asarray(slots)
+    if arr.dtype != np.int64 or len(arr) != len(keys):
+        raise ValueError("slots must be an int64 array, one per key")
+    out = arr.tolist()
+    for i, s in enumerate(out):
+        if not 0 <= s < len(blocks):
+            raise IndexError(f"slot {s} of key {i} is not a block index")
+    return out
 
 
-def py_block_scatter(opened: dict[int, dict[bytes, bytes]], ids: np.ndarray,
-                     keys: list[bytes], values: list[bytes | None]) -> None:
-    """Pure-Python twin of the native ``block_scatter``."""
+def py_blocks_get(blocks: list[bytes | None], slots: np.ndarray,
+                  keys: list[bytes]) -> list[bytes | None]:
+    """Pure-Python twin of the native ``blocks_get``."""
+    slot_list = _check_blocks_args(blocks, slots, keys)
+    opened = [{} if b is None else py_unpack_block(b) for b in blocks]
+    return [opened[s].get(k) for s, k in zip(slot_list, keys)]
+
+
+def py_blocks_put(blocks: list[bytes | None], slots: np.ndarray, keys: list[bytes],
+                  values: list[bytes | None]) -> list[bytes | None]:
+    """Pure-Python twin of the native ``blocks_put``."""
     if len(values) != len(keys):
         raise ValueError("keys and values differ in length")
-    for b, k, v in zip(_ids_of(ids, keys), keys, values):
-        block = opened[b]
+    if any(v is not None and not isinstance(v, bytes) for v in values):
+        raise TypeError("values must be bytes or None")
+    slot_list = _check_blocks_args(blocks, slots, keys)
+    opened = [{} if b is None else py_unpack_block(b) for b in blocks]
+    for s, k, v in zip(slot_list, keys, values):
         if v is None:
-            block.pop(k, None)
-        elif not isinstance(k, bytes) or not isinstance(v, bytes):
-            raise TypeError("a block maps bytes keys to bytes values")
+            opened[s].pop(k, None)
         else:
-            block[k] = v
-
-
-def _ids_of(ids: np.ndarray, keys: list[bytes]) -> list[int]:
-    arr = np.asarray(ids)
-    if arr.dtype != np.int64 or len(arr) != len(keys):
-        raise ValueError("ids must be an int64 array, one per key")
-    return arr.tolist()
+            opened[s][k] = v
+    return [py_pack_block(d) if d else None for d in opened]
 
 
 # --- choose the implementation -------------------------------------------------------
 
 
-_NATIVE_NAMES = ("hash_columns", "encode_keys", "block_ids", "pack_block", "unpack_block",
-                 "block_gather", "block_scatter")
+_NATIVE_NAMES = ("hash_columns", "encode_keys", "block_ids", "blocks_get", "blocks_put",
+                 "unpack_block")
 
 
 def _load_native() -> tuple[ModuleType | None, bool]:
@@ -491,7 +508,6 @@ BACKEND: str = "native" if _use_native else "python"
 hash_columns = native.hash_columns if native is not None and _use_native else py_hash_columns
 encode_keys = native.encode_keys if native is not None and _use_native else py_encode_keys
 block_ids = native.block_ids if native is not None and _use_native else py_block_ids
-pack_block = native.pack_block if native is not None and _use_native else py_pack_block
 unpack_block = native.unpack_block if native is not None and _use_native else py_unpack_block
-block_gather = native.block_gather if native is not None and _use_native else py_block_gather
-block_scatter = native.block_scatter if native is not None and _use_native else py_block_scatter
+blocks_get = native.blocks_get if native is not None and _use_native else py_blocks_get
+blocks_put = native.blocks_put if native is not None and _use_native else py_blocks_put

@@ -243,12 +243,16 @@ def test_block_ids_spread_keys_over_buckets() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.dictionaries(st.binary(max_size=300), st.binary(max_size=300), max_size=40))
-def test_pack_block_equals_twin_and_round_trips(entries: dict[bytes, bytes]) -> None:
-    packed = native.pack_block(entries)
-    assert packed == _kernels.py_pack_block(entries)
+def test_blocks_round_trip(entries: dict[bytes, bytes]) -> None:
+    packed = _kernels.py_pack_block(entries)
     for unpack in (native.unpack_block, _kernels.py_unpack_block):
         out = unpack(packed)
-        assert out == entries and list(out) == list(entries)
+        assert out == entries and list(out) == sorted(entries)
+    # a block written by the native put from nothing is the same bytes
+    keys = list(entries)
+    made = native.blocks_put([None], np.zeros(len(keys), np.int64), keys,
+                             [entries[k] for k in keys])
+    assert made == [packed if entries else None]
 
 
 @pytest.mark.parametrize("blob, what", [
@@ -259,43 +263,64 @@ def test_pack_block_equals_twin_and_round_trips(entries: dict[bytes, bytes]) -> 
     (b"\x01\x01\x01a\x05xy", "past its end"),
     (b"\x01\x01\x01a\x01xz", "trailing"),
     (b"\x01\x02\x01a\x01x\x01a\x01y", "twice"),
+    (b"\x01\x02\x01b\x01x\x01a\x01y", "out of order"),
     (b"\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", "varint"),
     (b"\x01\x09\x01a\x01x", "entry count"),
 ])
 def test_corrupt_blocks_raise_in_both(blob: bytes, what: str) -> None:
-    for unpack in (native.unpack_block, _kernels.py_unpack_block):
-        with pytest.raises(ValueError, match=what):
-            unpack(blob)
+    slots = np.zeros(1, np.int64)
+    for impl in (native, _kernels):
+        prefix = "" if impl is native else "py_"
+        calls = (lambda: getattr(impl, prefix + "unpack_block")(blob),
+                 lambda: getattr(impl, prefix + "blocks_get")([blob], slots, [b"a"]),
+                 lambda: getattr(impl, prefix + "blocks_put")([blob], slots, [b"a"], [b"v"]))
+        for call in calls:
+            with pytest.raises(ValueError, match=what):
+                call()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.data())
-def test_block_gather_scatter_equal_twins(data: st.DataObject) -> None:
-    keys = data.draw(GROUPING_KEYS)
-    ids = np.array([data.draw(st.integers(0, 3)) for _ in keys], dtype=np.int64)
-    values = [data.draw(st.one_of(st.none(), st.binary(max_size=8))) for _ in keys]
-    results = []
-    for gather, scatter in ((native.block_gather, native.block_scatter),
-                            (_kernels.py_block_gather, _kernels.py_block_scatter)):
-        opened: dict[int, dict[bytes, bytes]] = {i: {b"\x00\x00pre": b"x"} for i in range(4)}
-        if keys:
-            opened[int(ids[0])][keys[0]] = b"old"
-        scatter(opened, ids, keys, values)
-        results.append((opened, gather(opened, ids, keys)))
-    assert results[0] == results[1]
-    opened, got = results[0]
-    last = {k: v for k, v in zip(keys, values)}
-    assert got == [last[k] for k in keys]
+def test_blocks_get_put_equal_twins_and_a_dict(data: st.DataObject) -> None:
+    nblocks = data.draw(st.integers(1, 4))
+    pool = data.draw(st.lists(st.binary(max_size=6), min_size=1, max_size=12, unique=True))
+    stored = [data.draw(st.dictionaries(st.sampled_from(pool), st.binary(max_size=5),
+                                        max_size=6)) for _ in range(nblocks)]
+    blobs = [_kernels.py_pack_block(d) if d else None for d in stored]
+    n = data.draw(st.integers(0, 30))
+    keys = [data.draw(st.sampled_from(pool)) for _ in range(n)]  # duplicates on purpose
+    slots = np.array([data.draw(st.integers(0, nblocks - 1)) for _ in keys], np.int64)
+    values = [data.draw(st.one_of(st.none(), st.binary(max_size=5))) for _ in keys]
+    got = native.blocks_get(blobs, slots, keys)
+    assert got == _kernels.py_blocks_get(blobs, slots, keys)
+    assert got == [stored[s].get(k) for s, k in zip(slots.tolist(), keys)]
+    new = native.blocks_put(blobs, slots, keys, values)
+    assert new == _kernels.py_blocks_put(blobs, slots, keys, values)
+    expected = [dict(d) for d in stored]
+    for s, k, v in zip(slots.tolist(), keys, values):  # the last of equal keys wins
+        if v is None:
+            expected[s].pop(k, None)
+        else:
+            expected[s][k] = v
+    assert [native.unpack_block(b) if b is not None else {} for b in new] == expected
+    assert [b is None for b in new] == [not d for d in expected]
 
 
-def test_block_gather_scatter_errors_match() -> None:
-    for gather, scatter in ((native.block_gather, native.block_scatter),
-                            (_kernels.py_block_gather, _kernels.py_block_scatter)):
-        with pytest.raises(KeyError):
-            gather({}, np.array([7], np.int64), [b"\x00\x00a"])
+def test_blocks_argument_errors_match() -> None:
+    one = np.zeros(1, np.int64)
+    for get, put in ((native.blocks_get, native.blocks_put),
+                     (_kernels.py_blocks_get, _kernels.py_blocks_put)):
+        with pytest.raises(IndexError):
+            get([None], np.array([1], np.int64), [b"a"])
+        with pytest.raises(IndexError):
+            put([None], np.array([-1], np.int64), [b"a"], [b"v"])
         with pytest.raises(ValueError):
-            gather({7: {}}, np.array([7], np.int32), [b"\x00\x00a"])
+            get([None], np.array([0], np.int32), [b"a"])
         with pytest.raises(ValueError):
-            scatter({7: {}}, np.array([7], np.int64), [b"\x00\x00a"], [])
+            put([None], one, [b"a"], [])
         with pytest.raises(TypeError):
-            scatter({7: {}}, np.array([7], np.int64), [b"\x00\x00a"], ["text"])
+            put([None], one, [b"a"], ["text"])
+        with pytest.raises(TypeError):
+            get([None], one, ["text"])
+        with pytest.raises(TypeError):
+            get(["text"], one, [b"a"])

@@ -16,7 +16,7 @@ from .codec import RowCodec
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend
 
-__all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block"]
+__all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique"]
 
 _pack_exp = EXPIRY.pack
 _unpack_exp = EXPIRY.unpack_from
@@ -188,6 +188,22 @@ MAX_BLOCKS = 0xFFFF
 _BLOCK_KEY = struct.Struct(">HH")
 
 
+def dense_unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` (int64 slots) without sorting when the ids
+    span a small range, as a partition's block ids do (its key groups x blocks)."""
+    if not len(ids):
+        return ids, ids.copy()
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo > 4 * len(ids) + 65_536:
+        distinct, slots = np.unique(ids, return_inverse=True)
+        return distinct, slots.astype(np.int64, copy=False).reshape(-1)
+    offset = ids - lo
+    present = np.zeros(hi - lo + 1, dtype=bool)
+    present[offset] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return np.flatnonzero(present) + lo, rank[offset]
+
+
 def decode_block(state: str, block_key: bytes, raw: bytes) -> dict[bytes, bytes]:
     """The entries of one stored value block of ``state``.
 
@@ -220,8 +236,8 @@ class BlockState(ValueState):
     keys of a large state, per-key entries (:class:`ValueState`) upload far less per
     checkpoint. No TTL.
 
-    Blocks a batch reads are kept (decoded) until the next write of them, so the usual
-    read-modify-write of a batch decodes each block once.
+    Entries are never turned into Python objects except the values asked for: the
+    kernels (:mod:`statebackend._kernels`) search and merge the stored bytes.
     """
 
     kind = "blocks"
@@ -230,14 +246,7 @@ class BlockState(ValueState):
                  blocks: int) -> None:
         super().__init__(backend, name, codec, None)
         self.blocks = blocks
-        self._open_blocks: dict[int, dict[bytes, bytes]] = {}
         self._key_memo: dict[int, bytes] = {}
-
-    def block_ids(self, keys: list[bytes]) -> np.ndarray:
-        """Block of every grouping key (``key group * blocks + block``), int64."""
-        out = np.empty(len(keys), dtype=np.int64)
-        _kernels.block_ids(keys, out, self.blocks)
-        return out
 
     def _block_keys(self, ids: list[int]) -> list[bytes]:
         """RocksDB keys of blocks ``ids`` (memoised: a partition has few blocks)."""
@@ -247,40 +256,51 @@ class BlockState(ValueState):
                 memo[b] = _BLOCK_KEY.pack(*divmod(b, self.blocks))
         return [memo[b] for b in ids]
 
-    def _load(self, ids: list[int]) -> dict[int, dict[bytes, bytes]]:
-        """The open blocks, with every block of ``ids`` (distinct) among them."""
-        opened = self._open_blocks
-        missing = [b for b in ids if b not in opened]
-        if missing:
-            block_keys = self._block_keys(missing)
-            for b, bk, raw in zip(missing, block_keys, self.get_many_raw(block_keys)):
-                opened[b] = {} if raw is None else decode_block(self.name, bk, raw)
-        return opened
+    def _blocks_of(self, keys: list[bytes]) -> tuple[list[bytes], list[bytes | None], np.ndarray]:
+        """``(RocksDB keys of the blocks of keys, their stored blocks, each key's index
+        among them)``; reads go through the value cache, so a batch's put after its get
+        reads nothing again."""
+        ids = np.empty(len(keys), dtype=np.int64)
+        _kernels.block_ids(keys, ids, self.blocks)
+        distinct, slots = dense_unique(ids)
+        block_keys = self._block_keys(distinct.tolist())
+        return block_keys, self.get_many_raw(block_keys), slots
 
     def get_entries(self, keys: list[bytes]) -> list[bytes | None]:
         """Encoded values of grouping ``keys`` (None when absent), in order."""
-        ids = self.block_ids(keys)
-        return _kernels.block_gather(self._load(np.unique(ids).tolist()), ids, keys)
+        block_keys, blobs, slots = self._blocks_of(keys)
+        try:
+            return _kernels.blocks_get(blobs, slots, keys)
+        except ValueError as exc:
+            raise self._corrupt(block_keys, blobs, exc) from exc
 
     def put_entries(self, keys: list[bytes], payloads: Sequence[bytes | None]) -> None:
-        """Set ``keys[i]`` to ``payloads[i]`` (None removes it); rewrites each touched block."""
+        """Set ``keys[i]`` to ``payloads[i]`` (None removes it; the last of equal keys
+        wins); rewrites each touched block."""
         if len(keys) != len(payloads):
             raise StateError(f"state {self.name!r}: got {len(keys)} keys and "
                              f"{len(payloads)} values")
-        ids = self.block_ids(keys)
-        touched = np.unique(ids).tolist()
-        opened = self._load(touched)
-        _kernels.block_scatter(opened, ids, keys, list(payloads))
-        full = [b for b in touched if opened[b]]
-        empty = [b for b in touched if not opened[b]]
+        block_keys, blobs, slots = self._blocks_of(keys)
+        try:
+            new = _kernels.blocks_put(blobs, slots, keys, list(payloads))
+        except ValueError as exc:
+            raise self._corrupt(block_keys, blobs, exc) from exc
+        full = [i for i, b in enumerate(new) if b is not None]
+        if len(full) == len(new):
+            self.put_many_raw(block_keys, new)  # type: ignore[arg-type]
+            return
         if full:
-            pack = _kernels.pack_block
-            self.put_many_raw(self._block_keys(full), [pack(opened[b]) for b in full])
-        if empty:
-            self.delete_many(self._block_keys(empty))
-        for b in touched:  # written: decoding it again is cheaper than holding it
-            del opened[b]
+            self.put_many_raw([block_keys[i] for i in full], [new[i] for i in full])
+        self.delete_many([k for k, b in zip(block_keys, new) if b is None])
 
-    def _drop(self) -> None:
-        self._open_blocks = {}
-        super()._drop()
+    def _corrupt(self, block_keys: list[bytes], blobs: list[bytes | None],
+                 exc: ValueError) -> CorruptStateError:
+        """The error naming the corrupt block (the kernel only says that one is)."""
+        for bk, raw in zip(block_keys, blobs):
+            if raw is not None:
+                try:
+                    decode_block(self.name, bk, raw)
+                except CorruptStateError as named:
+                    return named
+        return CorruptStateError(f"state {self.name!r}: a value block is corrupt ({exc})")
+

@@ -5,6 +5,7 @@ change."""
 
 from __future__ import annotations
 
+import struct
 import tempfile
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from statebackend._kernels import block_ids, unpack_block
 from statebackend.errors import CorruptStateError, IncompatibleStateError, SchemaError, StateError
 from statebackend.keycodec import encode_grouping_key
 from statebackend.keygroups import key_group
@@ -21,7 +23,7 @@ from statebackend.savepoint.migrate import KeyRehasher
 from statebackend.spark.read_state import read_partition
 from statebackend.spark.vector import STATE_NAME, KeyedColumnState
 from statebackend.state import KeyedStateBackend
-from statebackend.state.value import BlockState
+from statebackend.state.value import BlockState, dense_unique
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -76,10 +78,13 @@ def test_block_state_equals_a_dict(ops: list[tuple[str, list[int], int]], blocks
             assert s.get_entries(probe) == [model.get(k) for k in probe]
         b.flush()
         stored = dict(inst.scan_prefix("v", b""))
-        # one RocksDB entry per non-empty block, each inside its keys' key group
-        assert len(stored) == len({(k[:2], int(i)) for k, i in
-                                   zip(model, s.block_ids(list(model)) if model else [])})
-        assert all(len(k) == 4 for k in stored)
+        # one RocksDB entry per non-empty block, inside its keys' key group, holding them
+        ids = np.zeros(len(model), np.int64)
+        block_ids(list(model), ids, blocks)
+        assert sorted(stored) == sorted({struct.pack(">HH", *divmod(int(i), blocks))
+                                         for i in ids})
+        held = {k: v for raw in stored.values() for k, v in unpack_block(raw).items()}
+        assert held == model
         close(inst, b)
 
 
@@ -202,3 +207,13 @@ def test_max_parallelism_change_refuses_blocks() -> None:
     rehasher = KeyRehasher(["bigint"], MAXP, 256, {STATE_NAME: "blocks"})
     with pytest.raises(IncompatibleStateError, match="value_blocks"):
         rehasher.grouping_key(STATE_NAME, b"\x00\x05\x00\x01")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2**40)), max_size=50))
+def test_dense_unique_equals_numpy(values: list[int]) -> None:
+    ids = np.array(values, dtype=np.int64)
+    distinct, slots = dense_unique(ids)
+    want_distinct, want_slots = np.unique(ids, return_inverse=True)
+    assert distinct.tolist() == want_distinct.tolist()
+    assert slots.dtype == np.int64 and slots.tolist() == want_slots.reshape(-1).tolist()
