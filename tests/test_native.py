@@ -269,14 +269,15 @@ def test_blocks_round_trip(entries: dict[bytes, bytes]) -> None:
 ])
 def test_corrupt_blocks_raise_in_both(blob: bytes, what: str) -> None:
     slots = np.zeros(1, np.int64)
-    for impl in (native, _kernels):
-        prefix = "" if impl is native else "py_"
-        calls = (lambda: getattr(impl, prefix + "unpack_block")(blob),
-                 lambda: getattr(impl, prefix + "blocks_get")([blob], slots, [b"a"]),
-                 lambda: getattr(impl, prefix + "blocks_put")([blob], slots, [b"a"], [b"v"]))
-        for call in calls:
-            with pytest.raises(ValueError, match=what):
-                call()
+    calls = [(f, args) for f, args in (
+        (native.unpack_block, (blob,)), (_kernels.py_unpack_block, (blob,)),
+        (native.blocks_get, ([blob], slots, [b"a"])),
+        (_kernels.py_blocks_get, ([blob], slots, [b"a"])),
+        (native.blocks_put, ([blob], slots, [b"a"], [b"v"])),
+        (_kernels.py_blocks_put, ([blob], slots, [b"a"], [b"v"])))]
+    for f, args in calls:
+        with pytest.raises(ValueError, match=what):
+            f(*args)
 
 
 @settings(max_examples=80, deadline=None)
