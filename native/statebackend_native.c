@@ -10,7 +10,8 @@
  *   encode_keys(columns, key_groups) -> list[bytes]
  *       2-byte big-endian key group, then one field per column.
  *
- * and three over value blocks (many keys' values in one RocksDB entry):
+ * split_fixed(buffer, width) -> list[bytes] cuts whole-column encoded rows apart,
+ * and four over value blocks (many keys' values in one RocksDB entry):
  *
  *   block_ids(keys, out, nbuckets), unpack_block(bytes) -> dict,
  *   blocks_get(blocks, slots, keys) -> list, blocks_put(blocks, slots, keys, values) -> list
@@ -953,6 +954,28 @@ done:
     return out;
 }
 
+/* ---- split_fixed -------------------------------------------------------------------- */
+
+static PyObject *py_split_fixed(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*n:split_fixed", &in, &width)) return NULL;
+    if (width < 1 || in.len % width != 0) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "the buffer is not a whole number of widths");
+        return NULL;
+    }
+    Py_ssize_t n = in.len / width;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *b = PyBytes_FromStringAndSize((const char *)in.buf + i * width, width);
+        if (b == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, b);
+    }
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"hash_columns", py_hash_columns, METH_VARARGS,
      "hash_columns(columns, out, max_parallelism) -> None\n\n"
@@ -961,6 +984,8 @@ static PyMethodDef methods[] = {
     {"encode_keys", py_encode_keys, METH_VARARGS,
      "encode_keys(columns, key_groups) -> list[bytes]\n\n"
      "2-byte big-endian key group followed by each column's field, for every row."},
+    {"split_fixed", py_split_fixed, METH_VARARGS,
+     "split_fixed(buffer, width) -> list[bytes]\n\nThe buffer cut into pieces of `width` bytes."},
     {"block_ids", py_block_ids, METH_VARARGS,
      "block_ids(keys, out, nbuckets) -> None\n\n"
      "Block of every grouping key: key_group * nbuckets + Murmur3 (seed 0x5eed) of the key\n"

@@ -29,6 +29,9 @@ headers):
 
 A ``mask`` is a ``bool`` array, True where the value is present.
 
+``split_fixed(buffer, width)`` cuts a buffer of fixed-width encoded rows (see
+:class:`statebackend.state.codec.FixedColumns`) into one bytes object per row.
+
 Four kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
 layout of :class:`statebackend.spark.vector.KeyedColumnState`)::
 
@@ -74,6 +77,7 @@ __all__ = [
     "BACKEND",
     "encode_keys",
     "hash_columns",
+    "split_fixed",
     "block_ids",
     "blocks_get",
     "blocks_put",
@@ -81,6 +85,7 @@ __all__ = [
     "native",
     "py_encode_keys",
     "py_hash_columns",
+    "py_split_fixed",
     "py_block_ids",
     "py_blocks_get",
     "py_blocks_put",
@@ -364,6 +369,13 @@ BLOCK_VERSION = 1
 BLOCK_SEED = 0x5EED
 
 
+def py_split_fixed(buffer: bytes, width: int) -> list[bytes]:
+    """Pure-Python twin of the native ``split_fixed``."""
+    if width < 1 or len(buffer) % width:
+        raise ValueError("the buffer is not a whole number of widths")
+    return [buffer[i:i + width] for i in range(0, len(buffer), width)]
+
+
 def py_block_ids(keys: list[bytes], out: np.ndarray, nbuckets: int) -> None:
     """Pure-Python twin of the native ``block_ids`` (see the module docstring)."""
     if not 1 <= nbuckets <= 0xFFFF:
@@ -470,8 +482,8 @@ def py_blocks_put(blocks: list[bytes | None], slots: np.ndarray, keys: list[byte
 # --- choose the implementation -------------------------------------------------------
 
 
-_NATIVE_NAMES = ("hash_columns", "encode_keys", "block_ids", "blocks_get", "blocks_put",
-                 "unpack_block")
+_NATIVE_NAMES = ("hash_columns", "encode_keys", "split_fixed", "block_ids", "blocks_get",
+                 "blocks_put", "unpack_block")
 
 
 def _load_native() -> tuple[ModuleType | None, bool]:
@@ -507,6 +519,7 @@ BACKEND: str = "native" if _use_native else "python"
 
 hash_columns = native.hash_columns if native is not None and _use_native else py_hash_columns
 encode_keys = native.encode_keys if native is not None and _use_native else py_encode_keys
+split_fixed = native.split_fixed if native is not None and _use_native else py_split_fixed
 block_ids = native.block_ids if native is not None and _use_native else py_block_ids
 unpack_block = native.unpack_block if native is not None and _use_native else py_unpack_block
 blocks_get = native.blocks_get if native is not None and _use_native else py_blocks_get

@@ -185,7 +185,8 @@ class RocksDBStateBackend:
         if value_blocks is not None and (isinstance(value_blocks, bool)
                                          or not isinstance(value_blocks, int)
                                          or not 1 <= value_blocks <= MAX_BLOCKS):
-            raise OptionsError(f"value_blocks must be None or an int in 1..{MAX_BLOCKS}, got "
+            raise OptionsError("value_blocks", value_blocks,
+                               f"value_blocks must be None or an int in 1..{MAX_BLOCKS}, got "
                                f"{value_blocks!r}")
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)

@@ -325,3 +325,16 @@ def test_blocks_argument_errors_match() -> None:
             get([None], one, ["text"])
         with pytest.raises(TypeError):
             get(["text"], one, [b"a"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 20), st.binary(min_size=240, max_size=240))
+def test_split_fixed_equals_twin(width: int, n: int, data: bytes) -> None:
+    buf = data[:width * n]
+    assert native.split_fixed(buf, width) == _kernels.py_split_fixed(buf, width)
+    assert b"".join(native.split_fixed(buf, width)) == buf
+    for impl in (native.split_fixed, _kernels.py_split_fixed):
+        with pytest.raises(ValueError):
+            impl(b"abc", 2)
+        with pytest.raises(ValueError):
+            impl(b"abc", 0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .._kernels import split_fixed
 from ..errors import SchemaError
 from .schema import DataType, Schema
 
@@ -561,9 +562,7 @@ class FixedColumns:
                 if n and (int(arr.min()) < info.min or int(arr.max()) > info.max):
                     return None
             rec[f"f{i}"] = arr
-        buf = rec.tobytes()
-        s = self.size
-        return [buf[j:j + s] for j in range(0, n * s, s)]
+        return split_fixed(rec.tobytes(), self.size)
 
     def decode(self, payloads: list[bytes | None]) -> list[tuple[np.ndarray, np.ndarray]] | None:
         """``(values, null mask)`` per field of the rows (None payload: all fields null).

@@ -61,3 +61,53 @@ def test_state_of_another_partitions_keys_is_refused(spark, tmp_path):
                    str(tmp_path / "ck"))
     # nothing was committed for the failed batch
     assert be.coordinator("vec-bad").latest() is None
+
+
+def test_value_blocks_survive_restart_rescale_and_read_state(spark, tmp_path):
+    """Value blocks: the same output as the reference, across a restart with another
+    parallelism (key groups move whole, and blocks live inside them), and read_state
+    expands the blocks into one row per key."""
+    data = random_batches(5, seed=41, rows=120, keys=60)
+    ref, totals = running_counts(data[:4])
+    in_dir, state, local, ck = (str(tmp_path / d) for d in ("in", "state", "local", "ck"))
+
+    def backend(p: int) -> RocksDBStateBackend:
+        return RocksDBStateBackend(state, StateBackendOptions(parallelism=p, max_parallelism=16,
+                                                              local_dir=local))
+
+    def run(be: RocksDBStateBackend, blocks: int = 3) -> dict:
+        return run_stream(spark, in_dir, "k STRING, x BIGINT, ts TIMESTAMP",
+                          lambda df: be.map_in_pandas(df, "k", P.vector_count,
+                                                      "k STRING, v BIGINT",
+                                                      state_schema="c BIGINT",
+                                                      operator_id="vec-blocks",
+                                                      value_blocks=blocks),
+                          ck)
+
+    write_batches(in_dir, data[:2])
+    first = run(backend(2))
+    write_batches(in_dir, data[2:4], start=2)
+    be = backend(3)
+    second = run(be)
+    check_batches({**first, **second}, ref)
+    be.complete("vec-blocks")
+    assert be.coordinator("vec-blocks").latest().parallelism == 3
+    rows = be.read_state(spark, "vec-blocks", state_name="columnState").toPandas()
+    got = {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()}
+    assert got == totals
+    # the layout is part of the state: another block count is refused, not misread
+    write_batches(in_dir, data[4:], start=4)
+    with pytest.raises(Exception, match="value_blocks"):
+        run(be, blocks=5)
+    be.complete("vec-blocks")
+    assert be.coordinator("vec-blocks").latest().checkpoint_id == 3  # nothing committed
+
+
+@pytest.mark.parametrize("bad", [0, -1, 70_000, 2.5, True])
+def test_value_blocks_argument_is_checked(spark, tmp_path, bad):
+    from statebackend.errors import OptionsError
+
+    df = spark.createDataFrame([("a", 1)], "k STRING, x BIGINT")
+    with pytest.raises(OptionsError, match="value_blocks"):
+        make_backend(tmp_path).map_in_pandas(df, "k", P.vector_count, "k STRING, v BIGINT",
+                                             value_blocks=bad)
