@@ -285,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", choices=WORKLOADS, default=None)
     ap.add_argument("--sort", default="cumulative")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--value-blocks", type=int, default=W.VALUE_BLOCKS,
+                    help="value_blocks of the vector-blocks workload (per key group)")
     args = ap.parse_args(argv)
+    global VECTOR_BLOCKS
+    VECTOR_BLOCKS = args.value_blocks
     if args.profile:
         profile(args)
     else:
