@@ -140,6 +140,52 @@ def test_key_groups_end_to_end(benchmark: Any, impl: str, name: str) -> None:
     benchmark(run)
 
 
+# --- value blocks: one partition's 1,024 blocks holding 50,000 keys, 43,000 of them asked
+
+N_BLOCK_KEYS = 50_000
+N_ASKED = 43_000
+
+
+def _blocks_case() -> tuple[list[bytes | None], np.ndarray, list[bytes], list[bytes]]:
+    """(stored blocks, slot per asked key, asked keys, new values), as in one task."""
+    if "blocks" not in _CASES:
+        keys = [(i % 64).to_bytes(2, "big") + b"\x11user-%d" % i for i in range(N_BLOCK_KEYS)]
+        ids = np.empty(len(keys), np.int64)
+        _kernels.native.block_ids(keys, ids, 16)
+        stored: dict[int, dict[bytes, bytes]] = {}
+        for k, b in zip(keys, ids.tolist()):
+            stored.setdefault(b, {})[k] = b"\x00" + (len(k) * 7).to_bytes(8, "little")
+        order = sorted(stored)
+        slot_of = {b: i for i, b in enumerate(order)}
+        blobs: list[bytes | None] = [_kernels.py_pack_block(stored[b]) for b in order]
+        asked = random.Random(7).sample(range(N_BLOCK_KEYS), N_ASKED)
+        qkeys = [keys[i] for i in asked]
+        slots = np.array([slot_of[int(ids[i])] for i in asked], np.int64)
+        values = [b"\x00" + i.to_bytes(8, "little") for i in asked]
+        _CASES["blocks"] = (blobs, slots, qkeys, values)
+    return _CASES["blocks"]
+
+
+def _blocks_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
+    blobs, slots, keys, values = _blocks_case()
+    mod: Any = _kernels.native if impl == "native" else _kernels
+    prefix = "" if impl == "native" else "py_"
+    if name == "get":
+        get = getattr(mod, prefix + "blocks_get")
+        return (lambda: get(blobs, slots, keys)), len(keys)
+    put = getattr(mod, prefix + "blocks_put")
+    return (lambda: put(blobs, slots, keys, values)), len(keys)
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+@pytest.mark.parametrize("name", ["get", "put"])
+def test_value_blocks(benchmark: Any, impl: str, name: str) -> None:
+    run, n = _blocks_fn(impl, name)
+    benchmark.group = f"blocks_{name}"
+    benchmark.extra_info["rows"] = n
+    benchmark(run)
+
+
 def _best(fn: Callable[[], Any], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -156,7 +202,8 @@ def main() -> None:
                                                   "str_int64"], _hash_fn),
                                 ("encode_keys", ["str_list", "str_arrow", "int64", "str_int64"],
                                  _encode_fn),
-                                ("key_groups", ["str_series", "int64_numpy"], _end_to_end_fn)):
+                                ("key_groups", ["str_series", "int64_numpy"], _end_to_end_fn),
+                                ("blocks", ["get", "put"], _blocks_fn)):
         for name in names:
             rates = {}
             for impl in ("native", "python"):

@@ -453,7 +453,8 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
         schema = (f"({s.user_key_schema}) -> ({s.value_schema})" if s.kind == "map"
                   else f"({s.value_schema})" if s.value_schema else "")
         ttl = f" ttl={s.ttl_ms}ms" if s.ttl_ms is not None else ""
-        out.write(f"  state {s.name}: {s.kind}{schema}{ttl}\n")
+        blocks = f" {s.blocks} blocks per key group" if s.blocks is not None else ""
+        out.write(f"  state {s.name}: {s.kind}{schema}{ttl}{blocks}\n")
     out.write("\n")
     _table(rows, ["partition", "key groups", "files", "shared", "private", "uploaded", "rows",
                   "keys", "restore", "attempt"], out)

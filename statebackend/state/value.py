@@ -248,6 +248,14 @@ class BlockState(ValueState):
         self.blocks = blocks
         self._key_memo: dict[int, bytes] = {}
 
+    # The per-key API of ValueState would read a grouping key as a block key: refuse it.
+    # (get_many_raw / put_many_raw / delete_many stay: they address whole blocks.)
+    def _per_key(self, *_args: Any, **_kw: Any) -> Any:
+        raise StateError(f"state {self.name!r} keeps its values in blocks: use get_entries / "
+                         f"put_entries (or KeyedColumnState), not the per-key API")
+
+    get = update = clear = exists = get_many = put_many = _per_key  # type: ignore[assignment]
+
     def _block_keys(self, ids: list[int]) -> list[bytes]:
         """RocksDB keys of blocks ``ids`` (memoised: a partition has few blocks)."""
         memo = self._key_memo

@@ -217,3 +217,16 @@ def test_dense_unique_equals_numpy(values: list[int]) -> None:
     want_distinct, want_slots = np.unique(ids, return_inverse=True)
     assert distinct.tolist() == want_distinct.tolist()
     assert slots.dtype == np.int64 and slots.tolist() == want_slots.reshape(-1).tolist()
+
+
+def test_block_state_refuses_the_per_key_api() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        inst, b = open_backend(d + "/db")
+        s = b.block_state("v", "n BIGINT", 4)
+        b.set_current_key(gkey(1))
+        for call in (s.get, s.exists, s.clear, lambda: s.update((1,)),
+                     lambda: s.get_many([gkey(1)]), lambda: s.put_many([gkey(1)], [(1,)])):
+            with pytest.raises(StateError, match="blocks"):
+                call()
+        assert s.get_entries([gkey(1)]) == [None]
+        close(inst, b)
