@@ -92,22 +92,23 @@ def _need_native() -> None:
     assert _kernels.native is not None, "build the extension first: pip install -e ."
 
 
+def _bench(benchmark: Any, group: str, made: tuple[Callable[[], Any], int]) -> None:
+    run, n = made
+    benchmark.group = group
+    benchmark.extra_info["rows"] = n
+    benchmark(run)
+
+
 @pytest.mark.parametrize("impl", ["native", "python"])
 @pytest.mark.parametrize("name", ["str_list", "str_arrow", "int64", "int32", "str_int64"])
 def test_hash_columns(benchmark: Any, impl: str, name: str) -> None:
-    run, n = _hash_fn(impl, name)
-    benchmark.group = f"hash_columns[{name}]"
-    benchmark.extra_info["rows"] = n
-    benchmark(run)
+    _bench(benchmark, f"hash_columns[{name}]", _hash_fn(impl, name))
 
 
 @pytest.mark.parametrize("impl", ["native", "python"])
 @pytest.mark.parametrize("name", ["str_list", "str_arrow", "int64", "str_int64"])
 def test_encode_keys(benchmark: Any, impl: str, name: str) -> None:
-    run, n = _encode_fn(impl, name)
-    benchmark.group = f"encode_keys[{name}]"
-    benchmark.extra_info["rows"] = n
-    benchmark(run)
+    _bench(benchmark, f"encode_keys[{name}]", _encode_fn(impl, name))
 
 
 def _end_to_end_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
@@ -134,10 +135,7 @@ def _end_to_end_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
 @pytest.mark.parametrize("impl", ["native", "python"])
 @pytest.mark.parametrize("name", ["str_series", "int64_numpy"])
 def test_key_groups_end_to_end(benchmark: Any, impl: str, name: str) -> None:
-    run, n = _end_to_end_fn(impl, name)
-    benchmark.group = f"key_groups[{name}]"
-    benchmark.extra_info["rows"] = n
-    benchmark(run)
+    _bench(benchmark, f"key_groups[{name}]", _end_to_end_fn(impl, name))
 
 
 # --- value blocks: one partition's 1,024 blocks holding 50,000 keys, 43,000 of them asked
@@ -180,10 +178,7 @@ def _blocks_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
 @pytest.mark.parametrize("impl", ["native", "python"])
 @pytest.mark.parametrize("name", ["get", "put"])
 def test_value_blocks(benchmark: Any, impl: str, name: str) -> None:
-    run, n = _blocks_fn(impl, name)
-    benchmark.group = f"blocks_{name}"
-    benchmark.extra_info["rows"] = n
-    benchmark(run)
+    _bench(benchmark, f"blocks_{name}", _blocks_fn(impl, name))
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> float:

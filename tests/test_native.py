@@ -179,40 +179,37 @@ def test_env_var_forces_twins_without_warning() -> None:
     assert r.stdout.split() == ["python", "True", "True", "True"]
 
 
-def test_stale_extension_warns_and_falls_back() -> None:
-    code = (
-        "import sys, types, warnings\n"
-        "old = types.ModuleType('statebackend._native')\n"
-        "old.hash_columns = old.encode_keys = lambda *a: None  # a build from before blocks\n"
-        "sys.modules['statebackend._native'] = old\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    import statebackend._kernels as k\n"
-        "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
-        "print(k.BACKEND, k.encode_keys is k.py_encode_keys, len(msgs)); print(msgs[0])\n")
+def _import_with(stub: str, check: str = "") -> tuple[str, str]:
+    """Import the kernels in a fresh interpreter after ``stub`` (which replaces the
+    extension module): what ``check`` prints on the first line, and the first warning."""
+    code = ("import sys, types, warnings\n" + stub +
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import statebackend._kernels as k\n" + check +
+            "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
+            "print(k.BACKEND, k.encode_keys is k.py_encode_keys, len(msgs)); print(msgs[0])\n")
     r = _run(code)
     assert r.returncode == 0, r.stderr
     first, message = r.stdout.splitlines()[:2]
+    return first, message
+
+
+def test_stale_extension_warns_and_falls_back() -> None:
+    first, message = _import_with(
+        "old = types.ModuleType('statebackend._native')\n"
+        "old.hash_columns = old.encode_keys = lambda *a: None  # a build from before blocks\n"
+        "sys.modules['statebackend._native'] = old\n")
     assert first == "python True 1"
     assert "older than this package" in message and "block_ids" in message
 
 
 def test_missing_extension_warns_once_and_falls_back() -> None:
-    code = (
-        "import sys, warnings\n"
-        "sys.modules['statebackend._native'] = None  # makes the import fail\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    import statebackend._kernels as k\n"
+    first, message = _import_with(
+        "sys.modules['statebackend._native'] = None  # makes the import fail\n",
         "    import statebackend.keygroups as kg, statebackend.keycodec\n"
         "    assert kg.key_groups([['a', 'b']], ['string']).tolist() == "
-        "[kg.key_group(['a'], ['string']), kg.key_group(['b'], ['string'])]\n"
-        "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
-        "print(k.BACKEND, len(msgs)); print(msgs[0])\n")
-    r = _run(code)
-    assert r.returncode == 0, r.stderr
-    first, message = r.stdout.splitlines()[:2]
-    assert first == "python 1"
+        "[kg.key_group(['a'], ['string']), kg.key_group(['b'], ['string'])]\n")
+    assert first == "python True 1"
     assert "native kernels unavailable" in message and "pip install -e ." in message
 
 
