@@ -63,10 +63,10 @@ def test_state_of_another_partitions_keys_is_refused(spark, tmp_path):
     assert be.coordinator("vec-bad").latest() is None
 
 
-def test_value_blocks_survive_restart_rescale_and_read_state(spark, tmp_path):
+def test_value_blocks_survive_restart_rescale_savepoint_and_read_state(spark, tmp_path):
     """Value blocks: the same output as the reference, across a restart with another
-    parallelism (key groups move whole, and blocks live inside them), and read_state
-    expands the blocks into one row per key."""
+    parallelism (key groups move whole, and blocks live inside them) and from a savepoint;
+    read_state expands the blocks into one row per key."""
     data = random_batches(5, seed=41, rows=120, keys=60)
     ref, totals = running_counts(data[:4])
     in_dir, state, local, ck = (str(tmp_path / d) for d in ("in", "state", "local", "ck"))
@@ -95,6 +95,19 @@ def test_value_blocks_survive_restart_rescale_and_read_state(spark, tmp_path):
     rows = be.read_state(spark, "vec-blocks", state_name="columnState").toPandas()
     got = {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()}
     assert got == totals
+    # a savepoint of block state starts a new query (parallelism 1) that goes on counting
+    be.savepoint("vec-blocks", "sp")
+    in2 = str(tmp_path / "in2")
+    write_batches(in2, data[4:])
+    be2 = RocksDBStateBackend(str(tmp_path / "state2"), StateBackendOptions(
+        parallelism=1, max_parallelism=16, local_dir=str(tmp_path / "local2")),
+        from_savepoint=f"{state}/vec-blocks/_savepoints/sp")
+    third = run_stream(spark, in2, "k STRING, x BIGINT, ts TIMESTAMP",
+                       lambda df: be2.map_in_pandas(df, "k", P.vector_count,
+                                                    "k STRING, v BIGINT", state_schema="c BIGINT",
+                                                    operator_id="vec-blocks", value_blocks=3),
+                       str(tmp_path / "ck2"))
+    check_batches(third, {0: running_counts(data)[0][4]})
     # the layout is part of the state: another block count is refused, not misread
     write_batches(in_dir, data[4:], start=4)
     with pytest.raises(Exception, match="value_blocks"):
