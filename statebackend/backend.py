@@ -180,7 +180,7 @@ class RocksDBStateBackend:
         ``value_blocks=N`` packs the state into N RocksDB entries per key group instead of
         one per key: faster when each batch touches a large share of the keys, more bytes
         per checkpoint when it touches few (docs/options.md, "Value blocks"). It cannot
-        change for an existing state.
+        change for an existing state; None keeps the layout the state was written with.
         """
         if value_blocks is not None and (isinstance(value_blocks, bool)
                                          or not isinstance(value_blocks, int)

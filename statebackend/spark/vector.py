@@ -40,11 +40,12 @@ class KeyedColumnState:
         :class:`~statebackend.errors.StateBackendError` (its state belongs to another
         partition). The task passes its own; None accepts every key group.
     value_blocks : int, optional
-        None (the default): one RocksDB entry per key. N (1..65535): the values are packed
-        into N blocks per key group (:class:`~statebackend.state.value.BlockState`), so a
-        batch costs one RocksDB call per block instead of one per key; each write rewrites
-        the blocks it touches. Fixed for the life of the state: a checkpoint written with
-        one setting is refused (``SchemaError``) under another.
+        N (1..65535): the values are packed into N blocks per key group
+        (:class:`~statebackend.state.value.BlockState`), so a batch costs one RocksDB call
+        per block instead of one per key; each write rewrites the blocks it touches. None
+        (the default): the layout the stored state has, one RocksDB entry per key for new
+        state. Fixed for the life of the state: another N, or N for state stored one entry
+        per key, is refused (``SchemaError``).
     """
 
     def __init__(self, backend: KeyedStateBackend, key_columns: Sequence[str],
@@ -57,6 +58,10 @@ class KeyedColumnState:
         check_max_parallelism(max_parallelism)
         self._max_parallelism = max_parallelism
         self._range = key_group_range
+        if value_blocks is None:  # keep the layout the state was written with
+            stored = {d.name: d for d in backend.descriptors()}.get(STATE_NAME)
+            if stored is not None and stored.kind == "blocks":
+                value_blocks = stored.blocks
         try:
             if value_blocks is None:
                 self._state = backend.value_state(STATE_NAME, value_schema)

@@ -230,3 +230,26 @@ def test_block_state_refuses_the_per_key_api() -> None:
                 call()
         assert s.get_entries([gkey(1)]) == [None]
         close(inst, b)
+
+
+def test_column_state_without_value_blocks_keeps_the_stored_layout() -> None:
+    keys = pd.Series([1, 2, 3], name="k")
+    with tempfile.TemporaryDirectory() as d:
+        inst, b = open_backend(d + "/db")
+        KeyedColumnState(b, ["k"], ["bigint"], "c BIGINT", MAXP, value_blocks=4).put(
+            keys, pd.Series([10, 20, 30]))
+        b.flush()
+        close(inst, b)
+        inst, b = open_backend(d + "/db")
+        c = KeyedColumnState(b, ["k"], ["bigint"], "c BIGINT", MAXP)  # no value_blocks
+        assert isinstance(b._states[STATE_NAME], BlockState)
+        assert b._states[STATE_NAME].blocks == 4
+        assert c.get(keys)["c"].tolist() == [10, 20, 30]
+        with pytest.raises(SchemaError, match="value_blocks"):
+            KeyedColumnState(b, ["k"], ["bigint"], "c BIGINT", MAXP, value_blocks=8)
+        close(inst, b)
+    with tempfile.TemporaryDirectory() as d:  # new state without the argument: per key
+        inst, b = open_backend(d + "/db")
+        KeyedColumnState(b, ["k"], ["bigint"], "c BIGINT", MAXP).put(keys, pd.Series([1, 2, 3]))
+        assert not isinstance(b._states[STATE_NAME], BlockState)
+        close(inst, b)
