@@ -2,6 +2,7 @@
 
     python -m benchmarks.spark_stages                                  # lower vs ours-map, 100,000 keys, 2M events
     python -m benchmarks.spark_stages --systems lower,lower-shuffled,ours-map --repeat 3
+    python -m benchmarks.spark_stages --systems lower,ours-map,ours-map-blocks   # value blocks
     python -m benchmarks.spark_stages --systems lower,ours-tws-row --keys 10000 --events 200000
 
 ``benchmarks.compare`` says how fast each system is; this says why. For every run it
