@@ -199,19 +199,17 @@ def manifest_timings(location: str, operator_id: str, partitions: int = 1,
     """Medians, over every published manifest of ``operator_id`` under ``location`` from
     ``first_batch`` on, of what the tasks recorded: ``task_ms`` and the checkpoint's sync
     and async parts (ms)."""
-    from statebackend.checkpoint.manifest import CHECKPOINTS_DIR
+    from statebackend.coordinator import listed_records
     from statebackend.storage import open_store
     from statebackend.storage.manifests import list_published_manifests, operator_store
 
-    store = operator_store(open_store(location), operator_id)
+    root = open_store(location)
+    store = operator_store(root, operator_id)
     rows: dict[str, list[float]] = {}
     # Under Spark, retention deletes old checkpoints' manifests: read the completed ones
     # still there. Without a coordinator (bench_task's own runs) nothing is completed or
     # deleted: read from first_batch on until a checkpoint has no manifest.
-    names = [n.rsplit("/", 1)[-1] for n in store.list_dir(CHECKPOINTS_DIR)]
-    completed = sorted(i for i in (int(n[4:-5]) for n in names if n.startswith("chk-")
-                                   and n.endswith(".json") and n[4:-5].isdigit())
-                       if i >= first_batch)
+    completed = sorted(i for i in listed_records(root, operator_id) if i >= first_batch)
     ids = iter(completed) if completed else itertools.count(first_batch)
     for b in ids:
         found = [m for p in range(partitions) for m in list_published_manifests(store, b, p)]

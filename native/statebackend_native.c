@@ -604,6 +604,15 @@ static inline int key_cmp(const uint8_t *a, Py_ssize_t an, const uint8_t *b, Py_
     return c != 0 ? c : (an < bn ? -1 : an > bn ? 1 : 0);
 }
 
+/* key_cmp of a stored key against a bytes object, and of two bytes objects. */
+static inline int key_cmp_obj(const uint8_t *a, Py_ssize_t an, PyObject *b) {
+    return key_cmp(a, an, (const uint8_t *)PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+}
+
+static inline int obj_cmp(PyObject *a, PyObject *b) {
+    return key_cmp_obj((const uint8_t *)PyBytes_AS_STRING(a), PyBytes_GET_SIZE(a), b);
+}
+
 typedef struct {
     entry_t *e;
     Py_ssize_t n, cap;
@@ -767,11 +776,10 @@ static PyObject *py_blocks_get(PyObject *self, PyObject *args) {
     out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *v = NULL;
-        const uint8_t *kp = (const uint8_t *)PyBytes_AS_STRING(key);
-        Py_ssize_t kn = PyBytes_GET_SIZE(key), lo = starts[slot[i]], hi = starts[slot[i] + 1];
+        Py_ssize_t lo = starts[slot[i]], hi = starts[slot[i] + 1];
         while (lo < hi) {
             Py_ssize_t mid = lo + (hi - lo) / 2;
-            int c = key_cmp(es.e[mid].k, es.e[mid].kn, kp, kn);
+            int c = key_cmp_obj(es.e[mid].k, es.e[mid].kn, key);
             if (c == 0) {
                 v = PyBytes_FromStringAndSize((const char *)es.e[mid].v, es.e[mid].vn);
                 if (v == NULL) Py_CLEAR(out);
@@ -802,10 +810,7 @@ static void sort_by_key(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, PyObject
             Py_ssize_t x = idx[i], j = i;
             PyObject *kx = PyList_GET_ITEM(keys, x);
             while (j > 0) {
-                PyObject *ky = PyList_GET_ITEM(keys, idx[j - 1]);
-                if (key_cmp((const uint8_t *)PyBytes_AS_STRING(ky), PyBytes_GET_SIZE(ky),
-                            (const uint8_t *)PyBytes_AS_STRING(kx), PyBytes_GET_SIZE(kx)) <= 0)
-                    break;
+                if (obj_cmp(PyList_GET_ITEM(keys, idx[j - 1]), kx) <= 0) break;
                 idx[j] = idx[j - 1];
                 j--;
             }
@@ -817,9 +822,7 @@ static void sort_by_key(Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n, PyObject
     sort_by_key(idx, tmp, h, keys);
     sort_by_key(idx + h, tmp, n - h, keys);
     while (a < h && b < n) {
-        PyObject *ka = PyList_GET_ITEM(keys, idx[a]), *kb = PyList_GET_ITEM(keys, idx[b]);
-        if (key_cmp((const uint8_t *)PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb),
-                    (const uint8_t *)PyBytes_AS_STRING(ka), PyBytes_GET_SIZE(ka)) < 0)
+        if (obj_cmp(PyList_GET_ITEM(keys, idx[b]), PyList_GET_ITEM(keys, idx[a])) < 0)
             tmp[o++] = idx[b++];
         else
             tmp[o++] = idx[a++];
@@ -856,8 +859,7 @@ static void merge_block(const entries_t *es, Py_ssize_t lo, Py_ssize_t hi, const
         if (j < m) uk = PyList_GET_ITEM(keys, upd[j]);
         if (lo >= hi) c = 1;
         else if (j >= m) c = -1;
-        else c = key_cmp(es->e[lo].k, es->e[lo].kn, (const uint8_t *)PyBytes_AS_STRING(uk),
-                         PyBytes_GET_SIZE(uk));
+        else c = key_cmp_obj(es->e[lo].k, es->e[lo].kn, uk);
         if (c < 0) {
             emit(out, count, size, es->e[lo].k, es->e[lo].kn, es->e[lo].v, es->e[lo].vn);
             lo++;
@@ -866,10 +868,7 @@ static void merge_block(const entries_t *es, Py_ssize_t lo, Py_ssize_t hi, const
         if (c == 0) lo++;  /* replaced or deleted */
         /* the last of a run of equal update keys wins */
         while (j + 1 < m) {
-            PyObject *nk = PyList_GET_ITEM(keys, upd[j + 1]);
-            if (key_cmp((const uint8_t *)PyBytes_AS_STRING(nk), PyBytes_GET_SIZE(nk),
-                        (const uint8_t *)PyBytes_AS_STRING(uk), PyBytes_GET_SIZE(uk)) != 0)
-                break;
+            if (obj_cmp(PyList_GET_ITEM(keys, upd[j + 1]), uk) != 0) break;
             j++;
         }
         PyObject *v = PyList_GET_ITEM(values, upd[j]);

@@ -28,7 +28,7 @@ from .spark.processor import run_processor
 from .spark.runner import make_task
 from .spark.task import PTIME_COL, OperatorConfig, group_by_key
 from .spark.vector import vector_process
-from .state.value import MAX_BLOCKS
+from .state.value import MAX_BLOCKS, is_block_count
 
 log = logging.getLogger("statebackend")
 
@@ -182,9 +182,7 @@ class RocksDBStateBackend:
         per checkpoint when it touches few (docs/options.md, "Value blocks"). It cannot
         change for an existing state; None keeps the layout the state was written with.
         """
-        if value_blocks is not None and (isinstance(value_blocks, bool)
-                                         or not isinstance(value_blocks, int)
-                                         or not 1 <= value_blocks <= MAX_BLOCKS):
+        if value_blocks is not None and not is_block_count(value_blocks):
             raise OptionsError("value_blocks", value_blocks,
                                f"value_blocks must be None or an int in 1..{MAX_BLOCKS}, got "
                                f"{value_blocks!r}")

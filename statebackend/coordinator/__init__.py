@@ -8,6 +8,7 @@ from .coordinator import (
     GcReport,
     RestorePoint,
     key_group_range,
+    listed_records,
     read_latest_record,
     require_completed_record,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "Retention",
     "SharedStateRegistry",
     "key_group_range",
+    "listed_records",
     "read_latest_record",
     "require_completed_record",
     "referenced_paths",

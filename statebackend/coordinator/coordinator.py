@@ -85,6 +85,7 @@ __all__ = [
     "GcReport",
     "RestorePoint",
     "key_group_range",
+    "listed_records",
     "read_latest_record",
     "require_completed_record",
 ]
@@ -115,15 +116,18 @@ def _records_in(names: Iterable[str]) -> dict[int, str]:
     return out
 
 
-def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
-    """The newest completed-checkpoint record of an operator, or None (for restoring tasks).
-
-    Lists only the operator's ``_checkpoints/`` directory, which holds the retained
-    records plus at most a few being discarded.
-    """
+def listed_records(store: DurableStore, operator_id: str) -> dict[int, str]:
+    """Checkpoint id -> path (relative to the operator) of every completed-checkpoint
+    record of an operator, from one listing of its ``_checkpoints/`` directory (the
+    retained records plus at most a few being discarded)."""
     prefix = f"{check_component(operator_id)}/"
-    names = [p[len(prefix):] for p in store.list_dir(prefix + CHECKPOINTS_DIR)]
-    for _n, rel in sorted(_records_in(names).items(), reverse=True):
+    return _records_in(p[len(prefix):] for p in store.list_dir(prefix + CHECKPOINTS_DIR))
+
+
+def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
+    """The newest completed-checkpoint record of an operator, or None (for restoring tasks)."""
+    prefix = f"{check_component(operator_id)}/"
+    for _n, rel in sorted(listed_records(store, operator_id).items(), reverse=True):
         try:
             return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
         except FileNotFoundError:

@@ -133,12 +133,10 @@ class RocksDBInstance:
     def multi_get(self, cf_name: str, keys: list[bytes]) -> list[bytes | None]:
         """Values of ``keys`` (None where absent), in the order asked.
 
-        Point reads, or one scan of the column family when the keys are at least half of
-        what it holds (:func:`scan_is_cheaper`): a batch that touches most of a
-        partition's keys reads them sequentially, as a query planner would. A point read
-        costs ~1.6 us here, a scanned entry ~0.35 us (43,000 keys of a 50,000-key column
-        family: 70 ms of point reads against 30 ms for the scan and the lookups).
-        rocksdict's own multi-get (``cf.get([k1, k2, ...])``) is slower than the loop of
+        Point reads, or one scan of the column family when the keys are at least a
+        quarter of what it holds (:func:`scan_is_cheaper`, which has the measurements): a
+        batch that touches most of a partition's keys reads them sequentially, as a query
+        planner would. rocksdict's own multi-get (``cf.get([k1, k2, ...])``) is slower than the loop of
         point reads (75 against 45 ms), and sorting the keys first costs more than it
         saves.
         """

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint.manifest import (
+    CompletedCheckpoint,
     PartitionManifest,
     choose_manifest,
 )
@@ -64,17 +65,23 @@ def root_store(config: OperatorConfig):
     return store
 
 
+_UNREAD: Any = object()
+
+
 def resolve_base(store, partition: int, checkpoint_id: int,
-                 kg_range: tuple[int, int] | None = None) -> PartitionManifest | None:
+                 kg_range: tuple[int, int] | None = None,
+                 record: CompletedCheckpoint | None = _UNREAD) -> PartitionManifest | None:
     """The manifest of ``partition`` committed for ``checkpoint_id`` (None: no state yet).
 
     The coordinator's record names it once the checkpoint is complete; before that (the
     listener runs after the batch ends), every reader applies the same deterministic rule
-    to the published attempts.
+    to the published attempts. ``record``: the checkpoint's record (or None) when the
+    caller has already read it.
     """
     if checkpoint_id < 0:
         return None
-    record = read_completed_record(store, checkpoint_id)
+    if record is _UNREAD:
+        record = read_completed_record(store, checkpoint_id)
     if record is not None:
         if partition not in record.manifests:
             raise IncompatibleStateError(
@@ -124,6 +131,7 @@ class Restored:
     base: PartitionManifest | None  # the manifest restored (the next checkpoint's base)
     first: bool  # no state existed before this batch (initial state applies)
     max_event_time_ms: int | None
+    record: CompletedCheckpoint | None = None  # of the previous checkpoint, if completed
 
 
 def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
@@ -146,12 +154,9 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
             local_root(config.options), open_instance)
         ets = [int(m.metrics["max_event_time_ms"]) for m in sources
                if m.metrics.get("max_event_time_ms") is not None]
-        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None)
+        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record)
     kg_range = kg_range_of(config, partition)
-    if record is not None and partition in record.manifests:
-        base = read_manifest(store, record.manifests[partition])  # record already read above
-    else:
-        base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end))
+    base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
     if base is None and checkpoint_id > 0:
         check_continuity(store, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
@@ -172,10 +177,10 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
         inst, smetrics = restore_from_savepoint(checkpointer, reader, config.parallelism,
                                                 config.max_parallelism)
         et = reader.manifest.metrics.get("max_event_time_ms")
-        return Restored(inst, smetrics, None, False, None if et is None else int(et))
+        return Restored(inst, smetrics, None, False, None if et is None else int(et), record)
     inst, rmetrics = checkpointer.restore(base)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
-    return Restored(inst, rmetrics, base, base is None, et)
+    return Restored(inst, rmetrics, base, base is None, et, record)
 
 
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
@@ -215,7 +220,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         max_et = restored.max_event_time_ms
         wm = -1
         if config.watermark is not None:
-            wm = watermark_for(store, config, checkpoint_id - 1, base)
+            wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
             col = config.watermark[0]
             if pdf is not None and col in pdf.columns and len(pdf):
                 batch_max = int(pd.to_datetime(pdf[col]).max().value // 1_000_000)
@@ -310,22 +315,21 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None) -> int:
+def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None,
+                  record: CompletedCheckpoint | None = _UNREAD) -> int:
     """The event-time watermark of this batch: max event time of all earlier batches over
-    all partitions, minus the delay (0 before any event, as Spark's first batch)."""
+    all partitions, minus the delay (0 before any event, as Spark's first batch).
+    ``record``: the previous checkpoint's record (or None) when the task has read it."""
     if prev_id < 0:
         return 0
     latest = None
-    record = read_completed_record(store, prev_id)
+    if record is _UNREAD:
+        record = read_completed_record(store, prev_id)
     # after a rescale the previous checkpoint has the old layout's partitions
     parts = sorted(record.manifests) if record is not None else range(config.parallelism)
     for p in parts:
-        if own is not None and p == own.partition:
-            m = own
-        elif record is not None:  # read once above: no second record read per partition
-            m = read_manifest(store, record.manifests[p])
-        else:
-            m = resolve_base(store, p, prev_id)
+        m = own if own is not None and p == own.partition else resolve_base(store, p, prev_id,
+                                                                            record=record)
         v = None if m is None else m.metrics.get("max_event_time_ms")
         if v is not None:
             latest = int(v) if latest is None else max(latest, int(v))

@@ -56,7 +56,7 @@ from .timers import (
     split_composite,
 )
 from .ttl import TTL_CF, purge_expired, validate_ttl
-from .value import MAX_BLOCKS, BlockState, ValueState
+from .value import MAX_BLOCKS, BlockState, ValueState, is_block_count
 
 __all__ = ["KeyedStateBackend", "META_CF"]
 
@@ -236,7 +236,7 @@ class KeyedStateBackend:
             When ``name`` was declared (now or in the stored state) with another kind,
             schema or number of blocks.
         """
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
+        if not is_block_count(blocks):
             raise StateError(f"block state {name!r}: blocks must be an int in 1..{MAX_BLOCKS}, "
                              f"got {blocks!r}")
         s = to_schema(schema)

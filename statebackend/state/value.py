@@ -16,7 +16,8 @@ from .codec import RowCodec
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend
 
-__all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique"]
+__all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique",
+           "is_block_count"]
 
 _pack_exp = EXPIRY.pack
 _unpack_exp = EXPIRY.unpack_from
@@ -186,6 +187,12 @@ class ValueState(KeyedState):
 
 MAX_BLOCKS = 0xFFFF
 _BLOCK_KEY = struct.Struct(">HH")
+
+
+def is_block_count(blocks: Any) -> bool:
+    """Whether ``blocks`` is a valid number of value blocks per key group (an int, not a
+    bool, in 1..MAX_BLOCKS)."""
+    return isinstance(blocks, int) and not isinstance(blocks, bool) and 1 <= blocks <= MAX_BLOCKS
 
 
 def dense_unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
