@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from statebackend.spark import runner  # noqa: E402
 from statebackend.spark.plan import KeySpec  # noqa: E402
 from statebackend.spark.processor import run_processor  # noqa: E402
 from statebackend.spark.task import (  # noqa: E402
+    DEFAULT_FRAME_ROWS,
     PTIME_COL,
     BatchContext,
     OperatorConfig,
@@ -78,6 +79,7 @@ def config_for(location: str, local: str, op: str) -> OperatorConfig:
 PROCESSORS = {"noop": W.NoOp, "count": W.RunningCount, "sessions": W.Sessions, "map": W.MapCounts}
 WORKLOADS = (*PROCESSORS, "vector", "vector-blocks")
 VECTOR_BLOCKS = W.VALUE_BLOCKS
+FRAME_ROWS: int | None = DEFAULT_FRAME_ROWS  # map_in_pandas's frame_rows
 
 
 def task_process(workload: str, config: OperatorConfig) -> Callable:
@@ -85,6 +87,7 @@ def task_process(workload: str, config: OperatorConfig) -> Callable:
     (pandas flavour) or ``map_in_pandas``'s."""
     if workload in ("vector", "vector-blocks"):
         config.extra["per_key"] = False
+        config.extra["frame_rows"] = FRAME_ROWS
         return vector_process(W.vector_count, config, "c BIGINT",
                               VECTOR_BLOCKS if workload == "vector-blocks" else None)
     processor_cls = PROCESSORS[workload]
@@ -92,6 +95,17 @@ def task_process(workload: str, config: OperatorConfig) -> Callable:
     def process(backend, groups, ctx, decode):
         return run_processor(processor_cls(), backend, groups, ctx, "None", decode)
     return process
+
+
+SPARK_BATCH_ROWS = 10_000
+"""Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch`` default: a task's input arrives
+in frames of this many rows."""
+
+
+def arrow_batches(pdf: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    """``pdf`` in the frames Spark would hand the task."""
+    for i in range(0, max(len(pdf), 1), SPARK_BATCH_ROWS):
+        yield pdf.iloc[i:i + SPARK_BATCH_ROWS].reset_index(drop=True)
 
 
 def run_batches(workdir: str, workload: str, batches: list[pd.DataFrame],
@@ -108,7 +122,7 @@ def run_batches(workdir: str, workload: str, batches: list[pd.DataFrame],
             t0 = time.perf_counter()
             if profile is not None:
                 profile.enable()
-            for _ in runner.run_partition(config, iter([pdf]), process):
+            for _ in runner.run_partition(config, arrow_batches(pdf), process):
                 pass
             if profile is not None:
                 profile.disable()
@@ -285,9 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--value-blocks", type=int, default=W.VALUE_BLOCKS,
                     help="value_blocks of the vector-blocks workload (per key group)")
+    ap.add_argument("--frame-rows", default=str(DEFAULT_FRAME_ROWS),
+                    help="map_in_pandas's frame_rows for the vector workloads ('none': the "
+                         "whole input as one frame)")
     args = ap.parse_args(argv)
-    global VECTOR_BLOCKS
+    global VECTOR_BLOCKS, FRAME_ROWS
     VECTOR_BLOCKS = args.value_blocks
+    FRAME_ROWS = None if args.frame_rows.lower() == "none" else int(args.frame_rows)
     if args.profile:
         profile(args)
     else:

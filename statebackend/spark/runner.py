@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,19 +31,19 @@ from ..storage.manifests import (
     read_completed_record,
     read_manifest,
 )
-from .plan import KG_COL, TICK_COL
+from .plan import KG_COL
 from .task import (
     ADDED_COLUMNS,
+    DEFAULT_FRAME_ROWS,
     BatchContext,
     KeyGroups,
     OperatorConfig,
-    batch_processing_time,
+    TaskInput,
     check_rows_belong,
     decode_key,
     group_by_key,
     kg_range_of,
     local_root,
-    read_input,
     task_identity,
 )
 
@@ -192,17 +194,17 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
 
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
-    # The whole input before the state: opening the working directory removes its clean
-    # marker, so a failure while receiving (a lost shuffle block after an executor loss)
-    # would cost the retry its working directory. Restoring first gained nothing
-    # measurable here (BENCHMARKS.md) and made tests/faults/test_executor_loss.py flaky.
-    pdf = read_input(batches)
+    per_key = config.extra.get("per_key", True)
+    source = TaskInput(batches, config.watermark[0] if config.watermark is not None else None)
+    frame_rows = None if per_key else config.extra.get("frame_rows", DEFAULT_FRAME_ROWS)
+    chunks = source.chunks(sys.maxsize if frame_rows is None else frame_rows)
+    # The first frame (for per-key operators, and usually for map_in_pandas too, the whole
+    # input) before the state: opening the working directory removes its clean marker, so
+    # a failure while receiving (a lost shuffle block after an executor loss) would cost
+    # the retry its working directory (tests/faults/test_executor_loss.py).
+    first = next(chunks, None)
+    ptime = source.batch_processing_time()
     t_input = time.perf_counter()
-    ptime = batch_processing_time(pdf)  # before dropping ticks: they carry it too
-    if pdf is not None and TICK_COL in pdf.columns:
-        pdf = pdf[~pdf[TICK_COL].fillna(False).astype(bool)].drop(columns=[TICK_COL])
-        if not len(pdf):
-            pdf = None
     root = root_store(config)
     store = operator_store(root, config.operator_id)
     kg_range = kg_range_of(config, partition)
@@ -216,36 +218,44 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     t_restore = time.perf_counter()
+    read_before = source.read_s
     try:
-        max_et = restored.max_event_time_ms
+        max_et = _max_opt(restored.max_event_time_ms, source.max_event_time_ms)
         wm = -1
         if config.watermark is not None:
             wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
-            col = config.watermark[0]
-            if pdf is not None and col in pdf.columns and len(pdf):
-                batch_max = int(pd.to_datetime(pdf[col]).max().value // 1_000_000)
-                max_et = batch_max if max_et is None else max(int(max_et), batch_max)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
-        groups = task_input(pdf, config, kg_range, partition)
+        if per_key:
+            groups = task_input(first, config, kg_range, partition)
+        else:
+            groups = user_frames(first, chunks, config, kg_range, partition)
         t_group = time.perf_counter()
         out = process(backend, groups, ctx, lambda k: decode_key(k, config.key))
+        if not per_key:
+            for _ in groups:  # rows the function did not ask for: still checked, counted
+                pass
         t_process = time.perf_counter()
         backend.purge_expired()
         backend.flush()
         t_flush = time.perf_counter()
-        metrics = {"restore": _as_dict(restore_metrics), "rows": 0 if pdf is None else len(pdf),
-                   "keys": len(groups), "processing_time_ms": ptime,
+        max_et = _max_opt(max_et, source.max_event_time_ms)
+        # time spent waiting for Spark's input while the function ran (streamed input)
+        read_during = source.read_s - read_before
+        metrics = {"restore": _as_dict(restore_metrics), "rows": source.rows,
+                   "keys": len(groups) if per_key else 0, "processing_time_ms": ptime,
                    # readers of the state (read_state, the CLI) decode grouping keys with these
                    "key_columns": list(config.key.columns), "key_types": list(config.key.types),
                    # before the checkpoint flushes, while the instance is open
                    "rocksdb": rocksdb_properties(instance),
                    # where the task's time went before the checkpoint (its own sync/async
-                   # durations are recorded by the checkpointer)
-                   "task_ms": {"input": _ms(t0, t_input), "restore": _ms(t_input, t_restore),
+                   # durations are recorded by the checkpointer); "input" counts every wait
+                   # for Spark's rows, "process" the function's time without them
+                   "task_ms": {"input": _ms(t0, t_input) + 1000 * read_during,
+                               "restore": _ms(t_input, t_restore),
                                "group": _ms(t_restore, t_group),
-                               "process": _ms(t_group, t_process),
+                               "process": _ms(t_group, t_process) - 1000 * read_during,
                                "flush": _ms(t_process, t_flush)}}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
@@ -261,13 +271,9 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
 
 def task_input(pdf: pd.DataFrame | None, config: OperatorConfig, kg_range,
                partition: int) -> KeyGroups:
-    """The batch's rows as the operator's code sees them, checked to belong here.
-
-    Per-key operators get the rows grouped by key (:func:`group_by_key`); batch-at-a-time
-    ones (``map_in_pandas``) the rows as they came, without our columns. Key groups come
-    from Spark's ``__sb_kg`` column when the plan added one, else they are computed here
-    per distinct key (per-key operators) or by the vectorised state for the keys it is
-    asked about (``map_in_pandas``, see ``KeyedColumnState``): either way, a row of
+    """The batch's rows grouped by key (:func:`group_by_key`) for a per-key operator,
+    checked to belong here. Key groups come from Spark's ``__sb_kg`` column when the plan
+    added one, else they are computed here once per distinct key; either way a row of
     another partition's key groups is refused before its state is touched.
     """
     if pdf is None:
@@ -276,13 +282,29 @@ def task_input(pdf: pd.DataFrame | None, config: OperatorConfig, kg_range,
     kg = pdf[KG_COL].to_numpy() if KG_COL in pdf.columns else None
     if kg is not None:
         check_rows_belong(kg, kg_range, partition)
-    if config.extra.get("per_key", True):
-        groups = group_by_key(pdf, config.key, kg, config.max_parallelism)
-        if kg is None:
-            check_rows_belong(groups.key_groups, kg_range, partition)
-        return groups
-    frame = pdf.drop(columns=[c for c in ADDED_COLUMNS if c in pdf.columns])
-    return KeyGroups(frame, [], [], np.zeros(0, np.int64), np.zeros(0, np.int64))
+    groups = group_by_key(pdf, config.key, kg, config.max_parallelism)
+    if kg is None:
+        check_rows_belong(groups.key_groups, kg_range, partition)
+    return groups
+
+
+def user_frames(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame],
+                config: OperatorConfig, kg_range, partition: int) -> Iterator[pd.DataFrame]:
+    """The frames a batch-at-a-time function (``map_in_pandas``) reads, as they arrive,
+    without our columns. Rows carrying Spark's key group are checked here; otherwise
+    :class:`~statebackend.spark.vector.KeyedColumnState` checks the key groups of the keys
+    it is asked about, so a row of another partition still never touches state.
+    """
+    if first is None:
+        return
+    for frame in itertools.chain([first], rest):
+        if KG_COL in frame.columns:
+            check_rows_belong(frame[KG_COL].to_numpy(), kg_range, partition)
+        yield frame.drop(columns=[c for c in ADDED_COLUMNS if c in frame.columns])
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(int(a), int(b))
 
 
 def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -3,7 +3,8 @@
 For micro-batch (or epoch) ``b`` of partition ``p``:
 
 1. read the whole input of the partition (Spark gives every partition a task every batch,
-   empty ones included),
+   empty ones included; ``map_in_pandas`` reads its first ``frame_rows`` here and the rest
+   as its function asks for it, see :class:`TaskInput`),
 2. restore the state committed for ``b - 1`` (working dir -> local copy -> durable),
 3. group the rows by key as slices of one sorted frame and run the user's code against
    the keyed state (inputs first, then expired timers, as Spark does),
@@ -30,7 +31,7 @@ from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
-from .plan import INTERNAL_COLUMNS, KeySpec
+from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
 log = logging.getLogger("statebackend.task")
 
@@ -38,6 +39,10 @@ PTIME_COL = "__sb_ptime"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # every column our plan adds to the user's input
 ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
+# map_in_pandas: rows per frame handed to the function (at least; see TaskInput.chunks).
+# Large: the usual micro-batch arrives as one frame (one set of state calls), while a
+# backlog of millions of rows per partition is still processed in bounded memory.
+DEFAULT_FRAME_ROWS = 1_000_000
 
 
 @dataclass
@@ -210,20 +215,90 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def read_input(batches: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    frames = [b for b in batches if len(b)]
-    if not frames:
+class TaskInput:
+    """The rows Spark sends one task (Arrow batches, already pandas), our tick rows dropped,
+    in frames of at least a given size (:meth:`chunks`).
+
+    Per-key operators take the whole input as one frame before the state is opened: they
+    group by key over all of it. ``map_in_pandas`` takes frames of ``frame_rows``: the
+    first before the state is opened, the rest while the user's function runs, so a
+    partition's input larger than that is never in memory whole.
+
+    ``rows``, ``read_s`` (time spent waiting for Spark) and ``max_event_time_ms`` (of
+    ``event_time_col``, over the rows read so far) are kept as the rows go by.
+    """
+
+    def __init__(self, batches: Iterator[pd.DataFrame], event_time_col: str | None = None):
+        self._it = iter(batches)
+        self._head: pd.DataFrame | None = None
+        self._done = False
+        self.event_time_col = event_time_col
+        self.rows = 0
+        self.read_s = 0.0
+        self.max_event_time_ms: int | None = None
+        self.processing_time_ms: int | None = None
+
+    def _next_raw(self) -> pd.DataFrame | None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            return head
+        while not self._done:
+            t = time.perf_counter()
+            try:
+                frame = next(self._it)
+            except StopIteration:
+                self._done = True
+                frame = None
+            finally:
+                self.read_s += time.perf_counter() - t
+            if frame is not None and len(frame):
+                if self.processing_time_ms is None and PTIME_COL in frame.columns:
+                    # Spark's batch timestamp: fixed per micro-batch and recorded in the
+                    # offset log, so a retried batch sees the same value; tick rows carry
+                    # it too, so it is read before they are dropped
+                    self.processing_time_ms = int(frame[PTIME_COL].iloc[0])
+                return frame
         return None
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
+    def batch_processing_time(self) -> int:
+        """Spark's batch timestamp from the rows read so far; the wall clock for a
+        partition without rows."""
+        return self.processing_time_ms if self.processing_time_ms is not None else now_ms()
 
-def batch_processing_time(pdf: pd.DataFrame | None) -> int:
-    """Spark's batch timestamp (``current_timestamp()`` is fixed per micro-batch and
-    recorded in the offset log, so a retried batch sees the same value); the wall clock
-    for a partition without rows."""
-    if pdf is not None and PTIME_COL in pdf.columns and len(pdf):
-        return int(pdf[PTIME_COL].iloc[0])
-    return now_ms()
+    def _user_rows(self, frame: pd.DataFrame) -> pd.DataFrame | None:
+        if TICK_COL in frame.columns:
+            frame = frame[~frame[TICK_COL].fillna(False).astype(bool)].drop(columns=[TICK_COL])
+        if not len(frame):
+            return None
+        self.rows += len(frame)
+        col = self.event_time_col
+        if col is not None and col in frame.columns:
+            ts = pd.to_datetime(frame[col]).max()
+            if not pd.isna(ts):
+                ms = int(ts.value // 1_000_000)
+                cur = self.max_event_time_ms
+                self.max_event_time_ms = ms if cur is None else max(cur, ms)
+        return frame
+
+    def chunks(self, min_rows: int) -> Iterator[pd.DataFrame]:
+        """The rows in frames of at least ``min_rows`` (Spark sends ``maxRecordsPerBatch``
+        at a time; the last frame may be smaller), each as soon as it is complete."""
+        parts: list[pd.DataFrame] = []
+        n = 0
+        while True:
+            raw = self._next_raw()
+            if raw is not None:
+                frame = self._user_rows(raw)
+                if frame is not None:
+                    parts.append(frame)
+                    n += len(frame)
+                if n < min_rows:
+                    continue
+            if parts:
+                yield parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+                parts, n = [], 0
+            if raw is None:
+                return
 
 
 def kg_range_of(config: OperatorConfig, partition: int):

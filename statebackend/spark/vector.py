@@ -194,8 +194,7 @@ def vector_process(func, config, state_schema, value_blocks: int | None = None):
         state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
                                  config.max_parallelism, kg_range_of(config, ctx.partition),
                                  value_blocks)
-        frames = iter([groups.frame]) if len(groups.frame) else iter([])
-        return run_vector_function(func, backend, frames, state)
+        return run_vector_function(func, backend, groups, state)
 
     return process
 

@@ -241,6 +241,17 @@ def vector_count(frames, state):
         yield pd.DataFrame({"k": g.index, "v": new})
 
 
+def vector_count_frames(frames, state):
+    """vector_count that also reports, per output row, the task's partition, the index of
+    the frame within the task and that frame's row count."""
+    from pyspark import TaskContext
+
+    part = TaskContext.get().partitionId()
+    for i, pdf in enumerate(frames):
+        for out in vector_count(iter([pdf]), state):
+            yield out.assign(p=part, i=i, f=len(pdf))
+
+
 def vector_count_n(frames, state):
     """map_in_pandas keyed by the bigint column ``n`` (the plan ships Spark's key groups)."""
     for pdf in frames:

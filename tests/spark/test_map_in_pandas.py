@@ -30,6 +30,52 @@ def test_vectorised_running_count_equals_pandas_reference(spark, tmp_path):
     assert be.coordinator("vec").latest().checkpoint_id == 3
 
 
+def test_large_input_arrives_in_frames_of_frame_rows(spark, tmp_path):
+    # Spark sends 8 rows per Arrow batch; with frame_rows=20 each task's ~40 rows reach the
+    # function as frames of at least 20 rows (the last may be smaller), and the state read
+    # by a later frame includes what earlier frames of the same batch wrote.
+    data = random_batches(3, seed=41, rows=80, keys=25)
+    write_batches(str(tmp_path / "in"), data)
+    be = make_backend(tmp_path)
+    conf = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    old = spark.conf.get(conf)
+    spark.conf.set(conf, "8")
+    try:
+        ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
+                          lambda df: be.map_in_pandas(
+                              df, "k", P.vector_count_frames,
+                              "k STRING, v BIGINT, p INT, i INT, f INT", state_schema="c BIGINT",
+                              operator_id="vec-frames", frame_rows=20),
+                          str(tmp_path / "ck"))
+    finally:
+        spark.conf.set(conf, old)
+    ref = running_counts(data)[0]
+    several = 0
+    for b, out in ours.items():
+        per_task = out.groupby(["p", "i"])["f"].first().reset_index()
+        for _, frames in per_task.groupby("p"):
+            sizes = frames.sort_values("i")["f"].tolist()
+            assert frames["i"].tolist() == sorted(frames["i"].tolist())
+            assert all(n >= 20 for n in sizes[:-1]), sizes
+            assert all(n < 20 + 8 for n in sizes), sizes  # handed over as soon as complete
+            several += len(sizes) > 1
+        assert sum(out.groupby(["p", "i"])["f"].first()) == len(data[b])
+        # a key in two frames is output twice, its second count the batch's final one
+        final = out.groupby("k")["v"].max().reset_index().sort_values(["k", "v"])
+        check_batches({b: final.reset_index(drop=True)}, {b: ref[b]})
+    assert several, "no task received more than one frame: the test did not test that"
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.0, True, "10"])
+def test_frame_rows_argument_is_checked(spark, tmp_path, bad):
+    from statebackend.errors import OptionsError
+
+    df = spark.createDataFrame([("a", 1)], "k STRING, x BIGINT")
+    with pytest.raises(OptionsError, match="frame_rows"):
+        make_backend(tmp_path).map_in_pandas(df, "k", P.vector_count, "k STRING, v BIGINT",
+                                             frame_rows=bad)
+
+
 def test_bigint_key_uses_sparks_key_groups(spark, tmp_path):
     # Non-string keys keep the key-group column Spark computes (pandas may hold them in
     # another form than Spark hashes); the task drops it before the user's code runs.

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from statebackend.keycodec import decode_grouping_key
 from statebackend.keygroups import key_groups
-from statebackend.spark.plan import KeySpec
+from statebackend.spark.plan import TICK_COL, KeySpec
 from statebackend.spark.runner import concat_frames
-from statebackend.spark.task import group_by_key
+from statebackend.spark.task import PTIME_COL, TaskInput, group_by_key
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,3 +50,29 @@ def test_concat_frames_equals_pandas_concat(sizes, mixed):
         frames.append(pd.DataFrame({"k": [f"k{x}" for x in vals], "v": v}))
     expected = pd.concat(frames, ignore_index=True)
     pd.testing.assert_frame_equal(concat_frames(frames), expected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=6),
+                max_size=10),
+       st.integers(1, 12))
+def test_task_input_frames_are_the_rows_in_order_without_ticks(raw, min_rows):
+    # raw: Spark's frames, each a list of (is tick, event time in s); ticks carry the
+    # processing time like every row and are dropped before anyone sees the rows
+    frames = [pd.DataFrame({
+        "k": [f"k{i}" for i in range(len(rows))],
+        "ts": pd.to_datetime([t for _, t in rows], unit="s"),
+        TICK_COL: [tick for tick, _ in rows],
+        PTIME_COL: np.full(len(rows), 777, np.int64)}) for rows in raw]
+    source = TaskInput(iter(frames), event_time_col="ts")
+    got = list(source.chunks(min_rows))
+    user = [(f"k{i}", t) for rows in raw for i, (tick, t) in enumerate(rows) if not tick]
+    assert [(k, int(t.value // 10**9)) for g in got for k, t in zip(g["k"], g["ts"])] == user
+    assert all(TICK_COL not in g.columns and len(g) for g in got)
+    assert all(len(g) >= min_rows for g in got[:-1])
+    # a frame is handed over as soon as it has min_rows: less than one more raw frame
+    assert all(len(g) < min_rows + 6 for g in got)
+    assert source.rows == len(user)
+    assert source.max_event_time_ms == (max(t for _, t in user) * 1000 if user else None)
+    any_rows = any(raw)
+    assert (source.batch_processing_time() == 777) == any_rows
