@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -181,6 +182,25 @@ def test_value_blocks(benchmark: Any, impl: str, name: str) -> None:
     _bench(benchmark, f"blocks_{name}", _blocks_fn(impl, name))
 
 
+# --- sorted_items: one task's dirty entries (43,000 encoded keys in groupby order) --------
+
+
+def _sorted_items_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
+    if "dirty" not in _CASES:
+        keys = sorted(b"\x0cuser-%07d" % i for i in random.Random(3).sample(range(10**6), N_ASKED))
+        # key group first: the text order of a groupby is not the bytes order of the keys
+        _CASES["dirty"] = {(zlib.crc32(k) % 128).to_bytes(2, "big") + k: b"\x00" * 9
+                           for k in keys}
+    entries = _CASES["dirty"]
+    fn = _kernels.native.sorted_items if impl == "native" else _kernels.py_sorted_items
+    return (lambda: fn(entries)), len(entries)
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_sorted_items(benchmark: Any, impl: str) -> None:
+    _bench(benchmark, "sorted_items", _sorted_items_fn(impl, "dict"))
+
+
 def _best(fn: Callable[[], Any], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -198,7 +218,8 @@ def main() -> None:
                                 ("encode_keys", ["str_list", "str_arrow", "int64", "str_int64"],
                                  _encode_fn),
                                 ("key_groups", ["str_series", "int64_numpy"], _end_to_end_fn),
-                                ("blocks", ["get", "put"], _blocks_fn)):
+                                ("blocks", ["get", "put"], _blocks_fn),
+                                ("sorted_items", ["dict"], _sorted_items_fn)):
         for name in names:
             rates = {}
             for impl in ("native", "python"):

@@ -14,4 +14,4 @@ cd "$work"
 export ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" PYTHONPATH="$work"
 python -c "import statebackend._kernels as k; assert k.BACKEND == 'native' and k.native.__file__.startswith('$work'), k.native"
 python -m pytest -p no:cacheprovider -q tests/test_native.py tests/state/test_value_blocks.py \
-    tests/state/test_value_batch.py tests/test_keycodec.py "$@"
+    tests/state/test_value_batch.py tests/test_keycodec.py tests/test_rocksdb_multi_get.py "$@"

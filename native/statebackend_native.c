@@ -975,6 +975,67 @@ static PyObject *py_split_fixed(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- sorted_items --------------------------------------------------------------------- */
+
+/* One dict item to sort: the key's first 16 bytes as two big-endian integers (zero
+ * padded) decide most comparisons without touching the key object again (encoded keys
+ * start with a 2-byte key group and often a shared text prefix). */
+typedef struct {
+    uint64_t pre[2];
+    PyObject *k, *v;
+} item_t;
+
+static int item_cmp(const void *pa, const void *pb) {
+    const item_t *a = pa, *b = pb;
+    if (a->pre[0] != b->pre[0]) return a->pre[0] < b->pre[0] ? -1 : 1;
+    if (a->pre[1] != b->pre[1]) return a->pre[1] < b->pre[1] ? -1 : 1;
+    return obj_cmp(a->k, b->k);
+}
+
+static PyObject *py_sorted_items(PyObject *self, PyObject *arg) {
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "sorted_items expects a dict of bytes keys");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_GET_SIZE(arg), pos = 0, i = 0;
+    item_t *items = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(item_t));
+    if (items == NULL) return PyErr_NoMemory();
+    PyObject *k, *v;
+    while (PyDict_Next(arg, &pos, &k, &v)) {
+        if (!PyBytes_Check(k)) {
+            PyMem_Free(items);
+            PyErr_SetString(PyExc_TypeError, "sorted_items expects a dict of bytes keys");
+            return NULL;
+        }
+        const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(k);
+        Py_ssize_t len = PyBytes_GET_SIZE(k);
+        for (int w = 0; w < 2; w++) {
+            uint64_t pre = 0;
+            for (Py_ssize_t j = 8 * w; j < 8 * w + 8; j++) pre = (pre << 8) | (j < len ? p[j] : 0);
+            items[i].pre[w] = pre;
+        }
+        items[i].k = k;
+        items[i].v = v;
+        i++;
+    }
+    /* borrowed references: nothing below runs Python code, so the dict cannot change */
+    qsort(items, (size_t)n, sizeof(item_t), item_cmp);
+    PyObject *ok = PyList_New(n), *ov = PyList_New(n), *res = NULL;
+    if (ok != NULL && ov != NULL) {
+        for (i = 0; i < n; i++) {
+            Py_INCREF(items[i].k);
+            Py_INCREF(items[i].v);
+            PyList_SET_ITEM(ok, i, items[i].k);
+            PyList_SET_ITEM(ov, i, items[i].v);
+        }
+        res = PyTuple_Pack(2, ok, ov);
+    }
+    Py_XDECREF(ok);
+    Py_XDECREF(ov);
+    PyMem_Free(items);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"hash_columns", py_hash_columns, METH_VARARGS,
      "hash_columns(columns, out, max_parallelism) -> None\n\n"
@@ -999,6 +1060,9 @@ static PyMethodDef methods[] = {
      "blocks_put(blocks, slots, keys, values) -> list[bytes | None]\n\n"
      "Every block with its keys set to their values (the last of equal keys wins, None\n"
      "removes); None for a block left empty."},
+    {"sorted_items", py_sorted_items, METH_O,
+     "sorted_items(mapping) -> (keys, values)\n\n"
+     "The items of a dict with bytes keys as two lists, in bytewise key order."},
     {NULL, NULL, 0, NULL},
 };
 

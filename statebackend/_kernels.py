@@ -482,8 +482,22 @@ def py_blocks_put(blocks: list[bytes | None], slots: np.ndarray, keys: list[byte
 # --- choose the implementation -------------------------------------------------------
 
 
+def py_sorted_items(mapping: dict[bytes, Any]) -> tuple[list[bytes], list[Any]]:
+    """The items of ``mapping`` (bytes keys) as two lists, in bytewise key order.
+
+    A WriteBatch applied in key order inserts into RocksDB's memtable (a skip list) with
+    far fewer cache misses: 43,000 puts 30-50 -> 14-25 ms here. Python's own sort of that
+    many bytes costs as much as it saves (22-48 ms), the compiled one ~4 ms, so
+    :meth:`~statebackend.rocksdb.instance.RocksDBInstance.write` sorts only with it.
+    """
+    if not isinstance(mapping, dict) or not all(type(k) is bytes for k in mapping):
+        raise TypeError("sorted_items expects a dict of bytes keys")
+    keys = sorted(mapping)
+    return keys, [mapping[k] for k in keys]
+
+
 _NATIVE_NAMES = ("hash_columns", "encode_keys", "split_fixed", "block_ids", "blocks_get",
-                 "blocks_put", "unpack_block")
+                 "blocks_put", "unpack_block", "sorted_items")
 
 
 def _load_native() -> tuple[ModuleType | None, bool]:
@@ -524,3 +538,4 @@ block_ids = native.block_ids if native is not None and _use_native else py_block
 unpack_block = native.unpack_block if native is not None and _use_native else py_unpack_block
 blocks_get = native.blocks_get if native is not None and _use_native else py_blocks_get
 blocks_put = native.blocks_put if native is not None and _use_native else py_blocks_put
+sorted_items = native.sorted_items if native is not None and _use_native else py_sorted_items

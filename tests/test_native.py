@@ -335,3 +335,25 @@ def test_split_fixed_equals_twin(width: int, n: int, data: bytes) -> None:
             impl(b"abc", 2)
         with pytest.raises(ValueError):
             impl(b"abc", 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.dictionaries(st.binary(max_size=24), st.one_of(st.none(), st.binary(max_size=8)),
+                       max_size=60))
+def test_sorted_items_equals_twin_and_sorted(entries: dict[bytes, bytes | None]) -> None:
+    # keys of up to 24 bytes: equal 16-byte prefixes (the kernel's shortcut) and keys that
+    # are prefixes of others must still order bytewise
+    keys, values = native.sorted_items(entries)
+    assert (keys, values) == _kernels.py_sorted_items(entries)
+    assert keys == sorted(entries) and values == [entries[k] for k in keys]
+
+
+def test_sorted_items_orders_shared_prefixes_and_refuses_other_keys() -> None:
+    entries = {b"k" * 16 + b"b": 1, b"k" * 16: 2, b"k" * 16 + b"a": 3, b"k" * 15 + b"\x00": 4,
+               b"": 5, b"\xff": 6}
+    assert native.sorted_items(entries)[0] == sorted(entries)
+    for impl in (native.sorted_items, _kernels.py_sorted_items):
+        with pytest.raises(TypeError):
+            impl({"text": b"v"})
+        with pytest.raises(TypeError):
+            impl([(b"k", b"v")])

@@ -14,6 +14,7 @@ from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
+from .. import _kernels
 from ..errors import StateBackendError
 
 DEFAULT_CF = "default"
@@ -37,6 +38,9 @@ def _raw_options(base: Options | None = None) -> Options:
 
 SCAN_MIN_KEYS = 1024
 """Below this many keys a multi-get always uses point reads."""
+
+SORTED_WRITE_MIN_ENTRIES = 1024
+"""From this many entries of one column family a write applies them in key order."""
 
 
 def scan_is_cheaper(wanted: int, held: int) -> bool:
@@ -115,14 +119,22 @@ class RocksDBInstance:
     # --- batched access ---------------------------------------------------------------
 
     def write(self, puts: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
-        """Apply ``{cf: {key: value or None (delete)}}`` atomically in one WriteBatch."""
+        """Apply ``{cf: {key: value or None (delete)}}`` atomically in one WriteBatch.
+
+        Large batches go in key order (the compiled :func:`~statebackend._kernels.sorted_items`):
+        RocksDB's memtable takes sorted inserts at about half the cost.
+        """
         self._check_open()
         wb = WriteBatch(raw_mode=True)
         for cf_name, entries in puts.items():
             if not entries:
                 continue
             handle = self.column_family_handle(cf_name)
-            for k, v in entries.items():
+            items: Iterable[tuple[bytes, bytes | None]] = entries.items()
+            if (len(entries) >= SORTED_WRITE_MIN_ENTRIES and _kernels.BACKEND == "native"
+                    and isinstance(entries, dict)):
+                items = zip(*_kernels.sorted_items(entries))
+            for k, v in items:
                 if v is None:
                     wb.delete(k, handle)
                 else:
