@@ -230,7 +230,6 @@ class TaskInput:
 
     def __init__(self, batches: Iterator[pd.DataFrame], event_time_col: str | None = None):
         self._it = iter(batches)
-        self._head: pd.DataFrame | None = None
         self._done = False
         self.event_time_col = event_time_col
         self.rows = 0
@@ -239,9 +238,6 @@ class TaskInput:
         self.processing_time_ms: int | None = None
 
     def _next_raw(self) -> pd.DataFrame | None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            return head
         while not self._done:
             t = time.perf_counter()
             try:
