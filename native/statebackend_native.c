@@ -998,14 +998,24 @@ static PyObject *py_sorted_items(PyObject *self, PyObject *arg) {
         return NULL;
     }
     Py_ssize_t n = PyDict_GET_SIZE(arg), pos = 0, i = 0;
+    /* Everything allocated before the items are collected as borrowed references: no
+     * Python object is created after that, so no garbage collection (and no finalizer
+     * that could change the dict) runs while they are held. */
+    PyObject *ok = PyList_New(n), *ov = PyList_New(n), *res = NULL;
     item_t *items = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(item_t));
-    if (items == NULL) return PyErr_NoMemory();
+    if (ok == NULL || ov == NULL || items == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    if (PyDict_GET_SIZE(arg) != n) {  /* a finalizer run by those allocations changed it */
+        PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during sorted_items");
+        goto done;
+    }
     PyObject *k, *v;
-    while (PyDict_Next(arg, &pos, &k, &v)) {
+    while (i < n && PyDict_Next(arg, &pos, &k, &v)) {
         if (!PyBytes_Check(k)) {
-            PyMem_Free(items);
             PyErr_SetString(PyExc_TypeError, "sorted_items expects a dict of bytes keys");
-            return NULL;
+            goto done;
         }
         const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(k);
         Py_ssize_t len = PyBytes_GET_SIZE(k);
@@ -1018,18 +1028,15 @@ static PyObject *py_sorted_items(PyObject *self, PyObject *arg) {
         items[i].v = v;
         i++;
     }
-    /* borrowed references: nothing below runs Python code, so the dict cannot change */
     qsort(items, (size_t)n, sizeof(item_t), item_cmp);
-    PyObject *ok = PyList_New(n), *ov = PyList_New(n), *res = NULL;
-    if (ok != NULL && ov != NULL) {
-        for (i = 0; i < n; i++) {
-            Py_INCREF(items[i].k);
-            Py_INCREF(items[i].v);
-            PyList_SET_ITEM(ok, i, items[i].k);
-            PyList_SET_ITEM(ov, i, items[i].v);
-        }
-        res = PyTuple_Pack(2, ok, ov);
+    for (i = 0; i < n; i++) {
+        Py_INCREF(items[i].k);
+        Py_INCREF(items[i].v);
+        PyList_SET_ITEM(ok, i, items[i].k);
+        PyList_SET_ITEM(ov, i, items[i].v);
     }
+    res = PyTuple_Pack(2, ok, ov);
+done:
     Py_XDECREF(ok);
     Py_XDECREF(ov);
     PyMem_Free(items);
