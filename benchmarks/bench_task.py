@@ -86,10 +86,8 @@ def task_process(workload: str, config: OperatorConfig) -> Callable:
     """What the backend hands the runner for ``workload``: ``transform_with_state``'s
     (pandas flavour) or ``map_in_pandas``'s."""
     if workload in ("vector", "vector-blocks"):
-        config.extra["per_key"] = False
-        config.extra["frame_rows"] = FRAME_ROWS
         return vector_process(W.vector_count, config, "c BIGINT",
-                              VECTOR_BLOCKS if workload == "vector-blocks" else None)
+                              VECTOR_BLOCKS if workload == "vector-blocks" else None, FRAME_ROWS)
     processor_cls = PROCESSORS[workload]
 
     def process(backend, groups, ctx, decode):

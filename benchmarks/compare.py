@@ -427,6 +427,29 @@ def select_systems(spec: str) -> list[System]:
     return [BY_NAME[n] for n in names]
 
 
+def start_session(app: str, partitions: int, ui_port: int | None = None):
+    """The local[partitions] session every benchmark command runs in (the same confs, so
+    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(f"local[{partitions}]").appName(app)
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(partitions))
+               .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+               .config(PROVIDER_CONF, ROCKSDB))
+    if ui_port is None:
+        builder = builder.config("spark.ui.enabled", "false")
+    else:
+        builder = (builder.config("spark.ui.enabled", "true")
+                   .config("spark.ui.port", str(ui_port))
+                   .config("spark.ui.retainedStages", "100000")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -437,17 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = [int(k) for k in args.sweep_keys.split(",") if k.strip()]
     setup_env()
     import workloads as W
-    from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(f"local[{args.partitions}]")
-             .appName("statebackend-compare")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(args.partitions))
-             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-             .config(PROVIDER_CONF, ROCKSDB)
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = start_session("statebackend-compare", args.partitions)
     work = tempfile.mkdtemp(prefix="sb-compare-")
     plan: list[tuple[int, str, System]] = []
     for wl in workloads:

@@ -91,21 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"systems without the count workload: {bad}")
     C.setup_env()
     import workloads as W
-    from pyspark.sql import SparkSession
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
 
-    spark = (SparkSession.builder.master(f"local[{args.partitions}]")
-             .appName("statebackend-spark-stages")
-             .config("spark.ui.enabled", "true").config("spark.ui.port", str(UI_PORT))
-             .config("spark.ui.retainedStages", "100000")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(args.partitions))
-             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-             .config(C.PROVIDER_CONF, C.ROCKSDB)
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = C.start_session("statebackend-spark-stages", args.partitions, UI_PORT)
     ui = spark.sparkContext.uiWebUrl or f"http://127.0.0.1:{UI_PORT}"
     app_url = f"{ui}/api/v1/applications/{spark.sparkContext.applicationId}"
     work = tempfile.mkdtemp(prefix="sb-stages-")

@@ -67,9 +67,9 @@ import math
 import os
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -82,6 +82,7 @@ __all__ = [
     "blocks_get",
     "blocks_put",
     "unpack_block",
+    "sorted_items",
     "native",
     "py_encode_keys",
     "py_hash_columns",
@@ -91,6 +92,7 @@ __all__ = [
     "py_blocks_put",
     "py_pack_block",
     "py_unpack_block",
+    "py_sorted_items",
 ]
 
 _M32 = 0xFFFFFFFF
@@ -531,11 +533,20 @@ tests can compare it with the twins), else None."""
 BACKEND: str = "native" if _use_native else "python"
 """Which implementation the names below are bound to: "native" or "python"."""
 
-hash_columns = native.hash_columns if native is not None and _use_native else py_hash_columns
-encode_keys = native.encode_keys if native is not None and _use_native else py_encode_keys
-split_fixed = native.split_fixed if native is not None and _use_native else py_split_fixed
-block_ids = native.block_ids if native is not None and _use_native else py_block_ids
-unpack_block = native.unpack_block if native is not None and _use_native else py_unpack_block
-blocks_get = native.blocks_get if native is not None and _use_native else py_blocks_get
-blocks_put = native.blocks_put if native is not None and _use_native else py_blocks_put
-sorted_items = native.sorted_items if native is not None and _use_native else py_sorted_items
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _pick(twin: _F) -> _F:
+    """The compiled kernel named like ``twin`` (``py_<name>``) when in use, else the twin."""
+    return getattr(native, twin.__name__[len("py_"):]) if _use_native else twin
+
+
+hash_columns = _pick(py_hash_columns)
+encode_keys = _pick(py_encode_keys)
+split_fixed = _pick(py_split_fixed)
+block_ids = _pick(py_block_ids)
+unpack_block = _pick(py_unpack_block)
+blocks_get = _pick(py_blocks_get)
+blocks_put = _pick(py_blocks_put)
+sorted_items = _pick(py_sorted_items)

@@ -201,11 +201,8 @@ class RocksDBStateBackend:
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
-        config.extra["per_key"] = False  # the function reads whole batches: skip the key sort
-        config.extra["frame_rows"] = frame_rows
-
-        return self._plan(df, config, vector_process(func, config, state_schema, value_blocks),
-                          schema)
+        process = vector_process(func, config, state_schema, value_blocks, frame_rows)
+        return self._plan(df, config, process, schema)
 
     # --- coordination -------------------------------------------------------------------
 

@@ -67,23 +67,18 @@ def root_store(config: OperatorConfig):
     return store
 
 
-_UNREAD: Any = object()
-
-
 def resolve_base(store, partition: int, checkpoint_id: int,
-                 kg_range: tuple[int, int] | None = None,
-                 record: CompletedCheckpoint | None = _UNREAD) -> PartitionManifest | None:
+                 kg_range: tuple[int, int] | None,
+                 record: CompletedCheckpoint | None) -> PartitionManifest | None:
     """The manifest of ``partition`` committed for ``checkpoint_id`` (None: no state yet).
 
     The coordinator's record names it once the checkpoint is complete; before that (the
     listener runs after the batch ends), every reader applies the same deterministic rule
-    to the published attempts. ``record``: the checkpoint's record (or None) when the
-    caller has already read it.
+    to the published attempts. ``record``: the checkpoint's record as the task read it
+    (None: not completed when read).
     """
     if checkpoint_id < 0:
         return None
-    if record is _UNREAD:
-        record = read_completed_record(store, checkpoint_id)
     if record is not None:
         if partition not in record.manifests:
             raise IncompatibleStateError(
@@ -227,15 +222,13 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
-        if per_key:
-            groups = task_input(first, config, kg_range, partition)
-        else:
-            groups = user_frames(first, chunks, config, kg_range, partition)
+        groups = task_input(first, config, kg_range, partition) if per_key else None
+        frames = None if per_key else user_frames(first, chunks, config, kg_range, partition)
         t_group = time.perf_counter()
-        out = process(backend, groups, ctx, lambda k: decode_key(k, config.key))
-        if not per_key:
-            for _ in groups:  # rows the function did not ask for: still checked, counted
-                pass
+        out = process(backend, groups if per_key else frames, ctx,
+                      lambda k: decode_key(k, config.key))
+        for _ in frames or ():  # rows the function did not ask for: still checked, counted
+            pass
         t_process = time.perf_counter()
         backend.purge_expired()
         backend.flush()
@@ -244,7 +237,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         # time spent waiting for Spark's input while the function ran (streamed input)
         read_during = source.read_s - read_before
         metrics = {"restore": _as_dict(restore_metrics), "rows": source.rows,
-                   "keys": len(groups) if per_key else 0, "processing_time_ms": ptime,
+                   "keys": len(groups) if groups is not None else 0, "processing_time_ms": ptime,
                    # readers of the state (read_state, the CLI) decode grouping keys with these
                    "key_columns": list(config.key.columns), "key_types": list(config.key.types),
                    # before the checkpoint flushes, while the instance is open
@@ -338,20 +331,18 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None,
-                  record: CompletedCheckpoint | None = _UNREAD) -> int:
+                  record: CompletedCheckpoint | None) -> int:
     """The event-time watermark of this batch: max event time of all earlier batches over
     all partitions, minus the delay (0 before any event, as Spark's first batch).
-    ``record``: the previous checkpoint's record (or None) when the task has read it."""
+    ``record``: the previous checkpoint's record as the task read it (None: not completed)."""
     if prev_id < 0:
         return 0
     latest = None
-    if record is _UNREAD:
-        record = read_completed_record(store, prev_id)
     # after a rescale the previous checkpoint has the old layout's partitions
     parts = sorted(record.manifests) if record is not None else range(config.parallelism)
     for p in parts:
         m = own if own is not None and p == own.partition else resolve_base(store, p, prev_id,
-                                                                            record=record)
+                                                                            None, record)
         v = None if m is None else m.metrics.get("max_event_time_ms")
         if v is not None:
             latest = int(v) if latest is None else max(latest, int(v))

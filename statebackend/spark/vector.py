@@ -7,17 +7,18 @@ multi-get, one write batch), which avoids any per-row Python work in our code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..errors import SchemaError, StateBackendError, StateError
+from ..errors import SchemaError, StateBackendError
 from ..keycodec import encode_keys_with_groups
 from ..keygroups import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
 from ..state.codec import fixed_columns
-from ..state.value import BlockState
+from ..state.value import ValueState
+from .task import DEFAULT_FRAME_ROWS, kg_range_of
 
 STATE_NAME = "columnState"
 
@@ -62,13 +63,20 @@ class KeyedColumnState:
             stored = {d.name: d for d in backend.descriptors()}.get(STATE_NAME)
             if stored is not None and stored.kind == "blocks":
                 value_blocks = stored.blocks
+        # encoded values of whole columns of grouping keys, in and out
+        self._read: Callable[[list[bytes]], list[bytes | None]]
+        self._write: Callable[[list[bytes], list[bytes]], None]
+        self._remove: Callable[[list[bytes]], None]
         try:
             if value_blocks is None:
-                self._state = backend.value_state(STATE_NAME, value_schema)
-                self._blocks: BlockState | None = None
+                st: ValueState = backend.value_state(STATE_NAME, value_schema)
+                self._read, self._write, self._remove = (st.get_many_raw, st.put_many_raw,
+                                                         st.delete_many)
             else:
-                self._state = self._blocks = backend.block_state(STATE_NAME, value_schema,
-                                                                  value_blocks)
+                st = blocks = backend.block_state(STATE_NAME, value_schema, value_blocks)
+                self._read, self._write, self._remove = (blocks.get_entries, blocks.put_entries,
+                                                         blocks.delete_entries)
+            self._state = st
         except SchemaError as exc:
             raise SchemaError(f"{exc} (map_in_pandas: the stored state was written with "
                               f"another state_schema or value_blocks setting; keep the "
@@ -104,19 +112,10 @@ class KeyedColumnState:
         return encoded
 
     def _get_raw(self, keys) -> list[bytes | None]:
-        if self._blocks is not None:
-            return self._blocks.get_entries(self._encode(keys))
-        return self._state.get_many_raw(self._encode(keys))
+        return self._read(self._encode(keys))
 
     def _put_raw(self, keys, payloads: list[bytes]) -> None:
-        encoded = self._encode(keys)
-        if len(encoded) != len(payloads):
-            raise StateError(f"map_in_pandas state: put got {len(encoded)} keys and "
-                             f"{len(payloads)} values")
-        if self._blocks is not None:
-            self._blocks.put_entries(encoded, payloads)
-        else:
-            self._state.put_many_raw(encoded, payloads)
+        self._write(self._encode(keys), payloads)  # both check the lengths before writing
 
     def get(self, keys) -> pd.DataFrame:
         """Stored values for ``keys`` (a Series, a DataFrame of key columns, or a list),
@@ -178,17 +177,16 @@ class KeyedColumnState:
         self._put_raw(keys, [encode(t) for t in tuples])
 
     def delete(self, keys) -> None:
-        encoded = self._encode(keys)
-        if self._blocks is not None:
-            self._blocks.put_entries(encoded, [None] * len(encoded))
-        else:
-            self._state.delete_many(encoded)
+        self._remove(self._encode(keys))
 
 
-def vector_process(func, config, state_schema, value_blocks: int | None = None):
+def vector_process(func, config, state_schema, value_blocks: int | None = None,
+                   frame_rows: int | None = DEFAULT_FRAME_ROWS):
     """What ``map_in_pandas`` hands the task runner: ``func(frames, state)`` over the
-    partition's input, with a :class:`KeyedColumnState` confined to its key groups."""
-    from .task import kg_range_of
+    partition's input in frames of ``frame_rows`` (see :class:`~.task.TaskInput`), with a
+    :class:`KeyedColumnState` confined to its key groups. Sets ``config`` up for it: no
+    per-key grouping, the frame size."""
+    config.extra.update(per_key=False, frame_rows=frame_rows)
 
     def process(backend, groups, ctx, decode):
         state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,

@@ -305,8 +305,12 @@ class BlockState(ValueState):
             self.put_many_raw(block_keys, new)  # type: ignore[arg-type]
             return
         if full:
-            self.put_many_raw([block_keys[i] for i in full], [new[i] for i in full])
+            self.put_many_raw([block_keys[i] for i in full], [b for b in new if b is not None])
         self.delete_many([k for k, b in zip(block_keys, new) if b is None])
+
+    def delete_entries(self, keys: list[bytes]) -> None:
+        """Remove grouping ``keys`` (rewrites each touched block)."""
+        self.put_entries(keys, [None] * len(keys))
 
     def _corrupt(self, block_keys: list[bytes], blobs: list[bytes | None],
                  exc: ValueError) -> CorruptStateError:

@@ -105,10 +105,10 @@ def _run_task(tmp_path, monkeypatch, batch: int, attempt: str, frames, frame_row
         operator_id="frames", checkpoint_location=str(tmp_path / "durable"),
         storage_options={}, parallelism=1, key=KeySpec(("k",), ("string",)),
         options=StateBackendOptions(parallelism=1, max_parallelism=128,
-                                    local_dir=str(tmp_path / "local")),
-        extra={"per_key": False, "frame_rows": frame_rows})
+                                    local_dir=str(tmp_path / "local")))
+    process = vector_process(_count, config, "c BIGINT", None, frame_rows)
     monkeypatch.setattr(runner, "task_identity", lambda _c: (batch, 0, attempt))
-    out = list(runner.run_partition(config, frames, vector_process(_count, config, "c BIGINT")))
+    out = list(runner.run_partition(config, frames, process))
     store = operator_store(open_store(config.checkpoint_location), "frames")
     (manifest,) = list_published_manifests(store, batch, 0)
     return pd.concat(out), manifest.metrics["restore"]["source"]
