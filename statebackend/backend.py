@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql import DataFrame, GroupedData, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import StructType
 
 from .checkpoint.manifest import check_component
@@ -123,6 +124,9 @@ class RocksDBStateBackend:
         op_id = operator_id or _default_operator_id(statefulProcessor)
         config = self._config(df, keys, op_id)
         config.extra["ticks"] = ticks
+        # as Spark: in event-time mode input at or before the watermark for late events
+        # never reaches the processor
+        config.extra["drop_late"] = mode == "EventTime"
         as_rows = flavour == "row"
         processor = statefulProcessor
         initial_pdf_holder: dict[str, Any] = {}
@@ -163,6 +167,8 @@ class RocksDBStateBackend:
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
         config.extra["ticks"] = ticks
+        # as Spark: with an event-time timeout, late input never reaches the function
+        config.extra["drop_late"] = timeout == GroupStateTimeout.EventTimeTimeout
         state_schema = _struct(df.sparkSession, stateStructType)
 
         def process(backend, groups, ctx, decode):

@@ -41,6 +41,7 @@ from .task import (
     TaskInput,
     check_rows_belong,
     decode_key,
+    event_time_ms,
     group_by_key,
     kg_range_of,
     local_root,
@@ -217,8 +218,12 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     try:
         max_et = _max_opt(restored.max_event_time_ms, source.max_event_time_ms)
         wm = -1
+        late_dropped = 0
         if config.watermark is not None:
             wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
+            if per_key and config.extra.get("drop_late") and first is not None:
+                late_wm = late_watermark(store, config, checkpoint_id, base)
+                first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
@@ -252,6 +257,10 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                "flush": _ms(t_process, t_flush)}}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
+        if config.watermark is not None:
+            # the next batch drops input at or before this watermark (Spark's rule)
+            metrics["watermark_ms"] = int(wm)
+            metrics["late_rows_dropped"] = late_dropped
         checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
                                 backend.descriptors(), base_manifest=base, extra_metrics=metrics)
     finally:
@@ -349,6 +358,39 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     if latest is None or config.watermark is None:
         return 0
     return max(0, latest - config.watermark[1])
+
+
+def late_watermark(store, config: OperatorConfig, checkpoint_id: int,
+                   base: PartitionManifest | None) -> int:
+    """The watermark for late events of batch ``checkpoint_id``: the watermark the previous
+    batch ran with, as Spark's stateful operators use it to drop late input.
+
+    Every task records the watermark it used in its manifest, so it is read from the base
+    (b-1). A base without it (written before that, or a start from a savepoint) falls back
+    to deriving it from the manifests of b-2, as :func:`watermark_for` derives b-1's.
+    """
+    if checkpoint_id < 1:
+        return 0
+    recorded = base.metrics.get("watermark_ms") if base is not None else None
+    if recorded is not None:
+        return int(recorded)
+    prev_prev = checkpoint_id - 2
+    if prev_prev < 0:
+        return 0
+    record = read_completed_record(store, prev_prev)
+    return watermark_for(store, config, prev_prev, None, record)
+
+
+def drop_late_rows(pdf: pd.DataFrame, column: str, late_wm: int) -> tuple[pd.DataFrame, int]:
+    """``pdf`` without the rows whose event time is at or before ``late_wm`` (ms), and how
+    many were dropped. Rows with a null event time are kept, as Spark keeps them."""
+    if column not in pdf.columns or not len(pdf):
+        return pdf, 0
+    late = event_time_ms(pdf[column]) <= late_wm
+    n = int(late.sum())
+    if not n:
+        return pdf, 0
+    return pdf[~late].reset_index(drop=True), n
 
 
 def _ms(start: float, end: float) -> float:
