@@ -136,8 +136,14 @@ def _to_binary(v: Any) -> bytes:
     raise _Bad(f"expected bytes, got {_describe(v)}")
 
 
+#: Decimal arithmetic wide enough for DECIMAL(38, s) whatever the thread's context says
+#: (Python's default precision is 28 digits: it would round or refuse wider values).
+_DECIMAL_CONTEXT = decimal.Context(prec=80, Emax=999_999, Emin=-999_999)
+
+
 def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
-    quantum = decimal.Decimal(1).scaleb(-scale)
+    ctx = _DECIMAL_CONTEXT
+    quantum = decimal.Decimal(1).scaleb(-scale, context=ctx)
     limit = 10 ** precision
 
     def enc(v: Any) -> bytes:
@@ -146,8 +152,8 @@ def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
         d = decimal.Decimal(v)
         if not d.is_finite():
             raise _Bad(f"decimal {v} is not finite")
-        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP)
-        unscaled = int(q.scaleb(scale))
+        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP, context=ctx)
+        unscaled = int(q.scaleb(scale, context=ctx))
         if abs(unscaled) >= limit:
             raise _Bad(f"{v} does not fit DECIMAL({precision},{scale})")
         return unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
@@ -156,8 +162,10 @@ def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
 
 
 def _decimal_decoder(scale: int) -> Callable[[bytes], decimal.Decimal]:
+    ctx = _DECIMAL_CONTEXT
+
     def dec(b: bytes) -> decimal.Decimal:
-        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale)
+        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale, context=ctx)
     return dec
 
 
