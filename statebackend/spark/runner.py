@@ -130,21 +130,26 @@ class Restored:
     first: bool  # no state existed before this batch (initial state applies)
     max_event_time_ms: int | None
     record: CompletedCheckpoint | None = None  # of the previous checkpoint, if completed
+    prev_id: int = -1  # the checkpoint restored: the last batch before this one that ran
 
 
 def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
-                    open_instance: Callable[[str], RocksDBInstance]) -> Restored:
+                    open_instance: Callable[[str], RocksDBInstance],
+                    prev: int | None = None) -> Restored:
     """Open the state committed for ``checkpoint_id - 1`` as this partition's instance.
 
     Three cases: the same layout (restore that partition's manifest); a completed
     checkpoint written with another parallelism (assemble the new key-group range from
     the overlapping old partitions); no state yet and a savepoint configured (read the
-    range's key-group blocks from it).
+    range's key-group blocks from it). Micro-batches in which the operator ran no task
+    (see :func:`last_batch_that_ran`) are passed over: ``prev`` is then the batch before
+    them.
     """
     from ..recovery.rescale import restore_from_savepoint, restore_rescaled
 
     partition = checkpointer.partition
-    prev = checkpoint_id - 1
+    if prev is None:
+        prev = checkpoint_id - 1
     record = read_completed_record(store, prev) if prev >= 0 else None
     if record is not None and record.parallelism != config.parallelism:
         inst, rmetrics, sources = restore_rescaled(
@@ -152,10 +157,16 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
             local_root(config.options), open_instance)
         ets = [int(m.metrics["max_event_time_ms"]) for m in sources
                if m.metrics.get("max_event_time_ms") is not None]
-        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record)
+        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record,
+                        prev)
     kg_range = kg_range_of(config, partition)
     base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
-    if base is None and checkpoint_id > 0:
+    if base is None and record is None and prev >= 0:
+        ran = last_batch_that_ran(store, prev)
+        if ran != prev:
+            return obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
+                                   prev=ran)
+    if base is None and prev >= 0:
         check_continuity(store, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
         raise IncompatibleStateError(
@@ -175,10 +186,37 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
         inst, smetrics = restore_from_savepoint(checkpointer, reader, config.parallelism,
                                                 config.max_parallelism)
         et = reader.manifest.metrics.get("max_event_time_ms")
-        return Restored(inst, smetrics, None, False, None if et is None else int(et), record)
+        return Restored(inst, smetrics, None, False, None if et is None else int(et), record,
+                        prev)
     inst, rmetrics = checkpointer.restore(base)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
-    return Restored(inst, rmetrics, base, base is None, et, record)
+    return Restored(inst, rmetrics, base, base is None, et, record, prev)
+
+
+def last_batch_that_ran(store, prev: int) -> int:
+    """``prev``, or the latest earlier batch with anything published when ``prev`` and the
+    batches between have nothing at all (-1: none has).
+
+    Spark runs no task of a ``mapInPandas`` whose whole input is empty as planned (an empty
+    file, a no-data micro-batch): the optimizer prunes it, so that micro-batch publishes no
+    manifest for any partition while Spark still commits it. Its state is the state of the
+    batch before it. A batch with something published is never passed over (a partition
+    missing from it is an error, raised by the caller). Costs one listing of one
+    checkpoint's directory per batch passed over, and runs only when ``prev`` has neither
+    a record nor a manifest of this partition.
+    """
+    from ..checkpoint.manifest import checkpoint_dir
+
+    try:
+        completed = [int(n.rsplit("chk-", 1)[1].split(".")[0])
+                     for n in store.list_dir("_checkpoints") if "chk-" in n]
+    except FileNotFoundError:
+        completed = []
+    floor = max([c for c in completed if c <= prev], default=-1)
+    n = prev
+    while n > floor and not store.list_dir(checkpoint_dir(n)):
+        n -= 1
+    return n
 
 
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
@@ -220,9 +258,13 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         wm = -1
         late_dropped = 0
         if config.watermark is not None:
-            wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
+            prev = restored.prev_id
+            wm = watermark_for(store, config, prev, base, restored.record)
             if per_key and config.extra.get("drop_late") and first is not None:
-                late_wm = late_watermark(store, config, checkpoint_id, base)
+                # after micro-batches that ran no task the previous batch's watermark was
+                # already this one (no event time arrived since)
+                late_wm = (late_watermark(store, config, checkpoint_id, base)
+                           if prev == checkpoint_id - 1 else wm)
                 first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
