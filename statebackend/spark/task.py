@@ -99,28 +99,34 @@ class KeyGroups:
 
         Each frame is indexed from 0, as Spark's operators hand it: user code written for
         them reads ``pdf.at[0, "col"]`` or ``pdf.loc[0]``. Slicing the block manager
-        directly and giving each slice its own fresh ``RangeIndex`` (0.4 us) costs ~8 us
-        per key here, against ~12-17 us for ``iloc`` plus ``reset_index``; with a
-        processor that does nothing that is most of our per-key cost. Falls back to
-        :meth:`rows` on a pandas without these internals.
+        directly costs ~8 us per key here, against ~12-17 us for ``iloc`` plus
+        ``reset_index``; with a processor that does nothing that is most of our per-key
+        cost. The slice's index is the fresh ``RangeIndex`` pandas makes for every slice,
+        renumbered from 0 in place (a second index object per key would cost ~4,000
+        instructions, 7% of a no-op task: ``benchmarks/bench_instructions.py``). Falls back
+        to :meth:`rows` on a pandas without these internals.
         """
         frame = self.frame
         starts, ends = self.starts.tolist(), self.ends.tolist()
         try:
             mgr = frame._mgr
             from_mgr = type(frame)._from_mgr
-            new_index = pd.RangeIndex._simple_new
-            probe = mgr.get_slice(slice(0, 1), axis=1)
-            probe.axes[1] = new_index(range(len(probe.axes[1])))
-            from_mgr(probe, axes=probe.axes)
+            probe = mgr.get_slice(slice(0, 0), axis=1)
+            index = probe.axes[1]
+            if type(index) is not pd.RangeIndex or index is mgr.axes[1] or index._cache:
+                return self.rows
+            index._range = range(0)
+            if not from_mgr(probe, axes=probe.axes).index.equals(pd.RangeIndex(0)):
+                return self.rows
         except (AttributeError, TypeError, IndexError):
             return self.rows
 
         def rows(i: int) -> pd.DataFrame:
             start, end = starts[i], ends[i]
             m = mgr.get_slice(slice(start, end), axis=1)
-            # a fresh index per frame: a user renaming one frame's index touches no other
-            m.axes[1] = new_index(range(end - start))
+            # get_slice made this index object for this slice alone and nothing has read
+            # it yet (no cached values): renumbering it touches no other frame
+            m.axes[1]._range = range(end - start)
             return from_mgr(m, axes=m.axes)
 
         return rows
