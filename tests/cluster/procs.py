@@ -1,4 +1,5 @@
-"""The processor of executor_loss_job.py (shipped to executors with ``addPyFile``)."""
+"""Processors of the cluster scenarios that only make sense on a cluster (imported by
+the executors by module name: cluster_job.py puts this directory on their PYTHONPATH)."""
 
 from __future__ import annotations
 
