@@ -21,6 +21,7 @@ Usage::
     python -m benchmarks.cluster_recovery                    # 50 + 10 + 10 batches
     python -m benchmarks.cluster_recovery --batches 20 --after 5 --partitions 4
     python -m benchmarks.cluster_recovery --conf spark.locality.wait=10s
+    python -m benchmarks.cluster_recovery --shared-local-dir   # one local_dir per machine
 """
 
 from __future__ import annotations
@@ -254,6 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", default="1,4,8,16", help="download_threads to time")
     ap.add_argument("--conf", action="append", default=[],
                     help="extra Spark conf key=value (e.g. spark.locality.wait=10s)")
+    ap.add_argument("--shared-local-dir", action="store_true",
+                    help="one local_dir for both executors (no {executor_id}): executors of "
+                         "one machine share local state")
     ap.add_argument("--json", help="also write the figures to this file")
     return ap.parse_args(argv)
 
@@ -284,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             return RocksDBStateBackend(f"s3://{bucket}/state", StateBackendOptions(
                 parallelism=args.partitions,
                 num_retained=steady + 2 * after + 1,  # every batch's restore metrics stay
-                local_dir=os.path.join(work, "local", "{executor_id}")),
+                local_dir=os.path.join(work, "local", "" if args.shared_local_dir
+                                       else "{executor_id}")),
                 storage_options=s3_options(endpoint))
 
         be = backend()
@@ -309,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             load = fh.read().split()[:3]
         print(f"\nexecutor 1 killed: {'pid ' + str(info['killed']) if info['killed'] else 'NO'}"
               f"; first run {run1_s:.0f} s for {steady + after} batches; load {' '.join(load)};"
-              f" confs {args.conf or 'default'}")
+              f" confs {args.conf or 'default'};"
+              f" local_dir {'shared' if args.shared_local_dir else 'per executor'}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"phases": phases, "download": rates, "rows": rows,
