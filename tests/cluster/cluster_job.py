@@ -70,6 +70,8 @@ def build(name: str, backend, work: str):
 
     if name == "count":
         return tws(P.RunningCount())
+    if name == "processing_timer":
+        return tws(P.ProcessingTimer(), "ProcessingTime")
     if name == "event_timer":
         return tws(P.EventTimer(), "EventTime")
     if name == "event_timeout":

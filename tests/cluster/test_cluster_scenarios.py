@@ -40,6 +40,7 @@ FAULT = random_batches(3, seed=21, rows=40, keys=8)
 SLIDING = sliding_batches(5)
 SCENARIOS = [  # (name, data, batches before the restart or None, watermark)
     ("count", COUNT, 4, False),
+    ("processing_timer", SLIDING, None, False),
     ("event_timer", SLIDING, None, True),
     ("event_timeout", SLIDING, None, True),
     ("task_failure", FAULT, None, False),
@@ -104,12 +105,24 @@ def test_executors_keep_separate_local_directories(cluster):
     assert {"0", "1"} <= dirs and dirs <= {"0", "1", "2"}, dirs
 
 
-def local_reference(spark, tmp_path, build) -> dict[int, pd.DataFrame]:
-    write_batches(str(tmp_path / "in"), SLIDING)
+def local_reference(spark, tmp_path, build, data=SLIDING,
+                    watermark=("ts", "5 seconds")) -> dict[int, pd.DataFrame]:
+    """The same query, failure-free, on the local[2] session of tests/spark."""
+    write_batches(str(tmp_path / "in"), data)
     be = RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
         parallelism=2, local_dir=str(tmp_path / "local")))
     return run_stream(spark, str(tmp_path / "in"), SCHEMA, lambda df: build(be, df),
-                      str(tmp_path / "ck"), watermark=("ts", "5 seconds"))
+                      str(tmp_path / "ck"), watermark=watermark)
+
+
+def test_processing_time_timers(cluster, spark, tmp_path):
+    # each batch's timers are due by the next batch's processing time: they fire there
+    ref = local_reference(spark, tmp_path, lambda be, df: be.transform_with_state(
+        df.groupBy("k"), P.ProcessingTimer(), OUT, "Update", "ProcessingTime",
+        operator_id="t"), watermark=None)
+    assert any((v["v"] < 0).any() for v in ref.values())  # some timers fired
+    same_output(cluster["processing_timer"]["out"], ref)
+    check_restores(cluster["processing_timer"], len(SLIDING))
 
 
 def test_event_time_timers(cluster, spark, tmp_path):
