@@ -427,12 +427,14 @@ def select_systems(spec: str) -> list[System]:
     return [BY_NAME[n] for n in names]
 
 
-def start_session(app: str, partitions: int, ui_port: int | None = None):
+def start_session(app: str, partitions: int, ui_port: int | None = None,
+                  master: str | None = None, conf: dict[str, str] | None = None):
     """The local[partitions] session every benchmark command runs in (the same confs, so
-    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port."""
+    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port;
+    ``master`` (e.g. ``local-cluster[2,1,1024]``) and ``conf`` for cluster benchmarks."""
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(f"local[{partitions}]").appName(app)
+    builder = (SparkSession.builder.master(master or f"local[{partitions}]").appName(app)
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(partitions))
@@ -445,6 +447,8 @@ def start_session(app: str, partitions: int, ui_port: int | None = None):
                    .config("spark.ui.port", str(ui_port))
                    .config("spark.ui.retainedStages", "100000")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

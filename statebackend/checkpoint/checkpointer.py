@@ -57,7 +57,7 @@ class PartitionCheckpointer:
         ``max_parallelism`` and ``download_threads``.
     local_root : str, optional
         Local directory for working directories and secondary copies (defaults to
-        ``options.local_dir``).
+        ``options.local_dir``, with ``{executor_id}`` resolved as ``driver``).
     open_instance : callable, optional
         ``path -> RocksDBInstance``; lets the caller pass its RocksDB options.
     """
@@ -66,7 +66,8 @@ class PartitionCheckpointer:
                  options: StateBackendOptions | None = None, local_root: str | None = None,
                  *, open_instance: InstanceFactory | None = None) -> None:
         self.options = options or StateBackendOptions()
-        root = local_root or self.options.local_dir
+        root = local_root or (self.options.local_dir
+                              and self.options.resolved_local_dir(executor_id="driver"))
         if not root:
             raise ValueError("PartitionCheckpointer needs a local_root (or options.local_dir)")
         self.operator_id = check_component(operator_id)
