@@ -68,6 +68,9 @@ ROCKSDB_PROPERTIES: dict[str, tuple[str, str]] = {
     "memtable_bytes": ("rocksdb.cur-size-all-mem-tables", "sum"),
     "block_cache_bytes": ("rocksdb.block-cache-usage", "max"),
     "pending_compaction_bytes": ("rocksdb.estimate-pending-compaction-bytes", "sum"),
+    # the files every point read of the batch may check (compaction keeps it near its
+    # trigger only while the instance stays open long enough: keep_instances_open)
+    "l0_files": ("rocksdb.num-files-at-level0", "sum"),
 }
 
 
