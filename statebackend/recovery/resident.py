@@ -16,14 +16,20 @@ task restores as usual.
 Handover between processes. Spark gives the next task of a partition to any idle Python
 worker of the executor, so the instance may be open in another process, which holds
 RocksDB's ``LOCK``. Each kept-open instance therefore lives in a working directory of its
-own, ``work-<pid>-<random>``, that no other process ever opens, replaces or deletes
-while it may be open: a task that does not find its instance in its own cache restores
-into a fresh directory (from the verified local copy, else durable storage) and never
-waits for the other process. A cached instance that is not current any more is closed
+own, ``work-<pid>-<random>``, that no other process opens, replaces or deletes while it
+may be open. A task that does not find its instance in its own cache asks for it: it
+drops a request (``<dir>.release``, naming its own directory) next to the directory
+whose clean marker names exactly its base; the owner's timer thread (every
+:data:`POLL_S`) closes the idle instance and renames the directory and its marker to the
+requested name, and the task reopens it as a working directory (marker and sequence
+number checked as for any working directory). The task waits at most
+:data:`HANDOVER_WAIT_S`: when the owner is busy with that very instance, dead, or slow,
+it withdraws the request and restores into a fresh directory from the verified local
+copy (else durable storage). A cached instance that is not current any more is closed
 when this process next runs a task (it is superseded once a newer local copy of its
 partition exists), or by an idle timer; its directory is then deleted. Directories of
-dead processes are deleted by the next task of their partition, once their ``LOCK`` is
-free (probed with an open-file-description lock query, which acquires nothing).
+dead processes are taken over or deleted once their ``LOCK`` is free (probed with an
+open-file-description lock query, which acquires nothing).
 
 Memory: every instance of a process shares one block cache and one write buffer manager
 when ``bounded_memory`` is on (:mod:`statebackend.rocksdb.options`), so the number of
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import logging
 import os
 import re
@@ -51,6 +58,12 @@ from .local import MARKER_SUFFIX, LocalRecovery
 log = logging.getLogger(__name__)
 
 _DIR_RE = re.compile(r"^work-(\d+)-[0-9a-f]{12}$")
+RELEASE_SUFFIX = ".release"
+POLL_S = 0.01
+"""How often a process checks for handover requests of its idle instances."""
+HANDOVER_WAIT_S = 1.0
+"""How long a task waits for another process to hand over its instance before restoring
+from the local copy instead (closing an idle instance takes milliseconds)."""
 # struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (padded to 32)
 _FLOCK = "hh4xqqi4x"
 
@@ -121,12 +134,56 @@ class ResidentInstances:
             self._in_use.add(hit.path)
         else:
             self.misses += 1
-        self._sweep_dirs(local)
         return hit
 
-    def opened(self, instance: RocksDBInstance) -> None:
-        """Record that a task of this process opened ``instance`` (never probe its LOCK)."""
+    def opened(self, local: LocalRecovery, instance: RocksDBInstance) -> None:
+        """Record that a task of this process opened ``instance`` (never probe its LOCK),
+        then delete the partition's directories nobody holds any more."""
         self._in_use.add(instance.path)
+        self._sweep_dirs(local)
+
+    def request_handover(self, local: LocalRecovery, base: PartitionManifest,
+                         wait_s: float = HANDOVER_WAIT_S) -> bool:
+        """Have another process of this machine hand over its open instance of ``base``.
+
+        Looks for a working directory of another process whose clean marker names exactly
+        ``base`` (an instance kept open, idle, since it took that checkpoint). Its owner's
+        timer thread closes it and renames it and its marker to ``local.working_dir``, then
+        :meth:`PartitionCheckpointer.restore` reopens it as a working directory (marker and
+        sequence number checked as always). A dead owner's directory is taken directly once
+        its LOCK is free. Waits at most ``wait_s``; False: restore from the local copy as
+        usual (``local`` then names a fresh directory, so a late handover lands nowhere).
+        """
+        for name, pid in _marked_dirs(local, base):
+            src = os.path.join(local.partition_dir, name)
+            if pid == os.getpid():
+                continue
+            if not _pid_alive(pid):
+                if _lock_held(src):
+                    continue
+                try:
+                    os.rename(src, local.working_dir)
+                    os.rename(src + MARKER_SUFFIX, local.marker_path)
+                    return True
+                except OSError:
+                    continue
+            request = src + RELEASE_SUFFIX
+            try:
+                fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except OSError:
+                continue  # another task asked first
+            with os.fdopen(fd, "w") as fh:
+                fh.write(os.path.basename(local.working_dir))
+            if _wait_for(local.marker_path, wait_s):
+                return True
+            try:
+                os.unlink(request)  # withdrawn before the owner took it up
+            except FileNotFoundError:
+                if _wait_for(local.marker_path, wait_s):  # taken up: it is on its way
+                    return True
+            local.use_working_dir(resident_dir_name())
+            return False
+        return False
 
     def give_back(self, local: LocalRecovery, instance: RocksDBInstance,
                   manifest: PartitionManifest) -> None:
@@ -171,11 +228,19 @@ class ResidentInstances:
             self._close(e)
         return len(stale)
 
-    def close_all(self) -> None:
+    def close_all(self, keep: bool = False) -> None:
+        """Close every cached instance; ``keep``: leave the directories of unchanged ones
+        (with their clean markers) for a task of another process to take over."""
         with self._lock:
             entries = list(self._entries.values())
             self._entries.clear()
         for e in entries:
+            if keep and _same_sequence(e):
+                try:
+                    e.instance.close()
+                    continue
+                except Exception:  # noqa: BLE001 - then delete it
+                    pass
             self._close(e)
 
     def _close(self, entry: _Entry) -> None:
@@ -196,12 +261,15 @@ class ResidentInstances:
         with self._lock:
             mine = {e.instance.path for e in self._entries.values()} | set(self._in_use)
         for name in names:
-            base = name[:-len(MARKER_SUFFIX)] if name.endswith(MARKER_SUFFIX) else name
+            base = name
+            for suffix in (MARKER_SUFFIX, RELEASE_SUFFIX):
+                if name.endswith(suffix):
+                    base = name[:-len(suffix)]
             m = _DIR_RE.match(base)
             if not m:
                 continue
             path = os.path.join(local.partition_dir, base)
-            if name != base:  # a clean marker: goes when its directory has gone
+            if name != base:  # a marker or request: goes when its directory has gone
                 if not os.path.isdir(path):
                     _unlink(os.path.join(local.partition_dir, name))
                 continue
@@ -212,18 +280,67 @@ class ResidentInstances:
                 # ours and not open (a task that died before closing), or a dead process's
                 _remove(path)
 
+    def release_requested(self) -> int:
+        """Hand over every cached instance another process asked for; returns how many.
+
+        The request (``<dir>.release``, holding the requester's directory name) is taken
+        up by deleting it, so a requester that withdrew in time is never handed anything.
+        """
+        with self._lock:
+            asked = [(k, e) for k, e in self._entries.items()
+                     if os.path.exists(e.instance.path + RELEASE_SUFFIX)]
+        done = 0
+        for key, entry in asked:
+            request = entry.instance.path + RELEASE_SUFFIX
+            try:
+                with open(request) as fh:
+                    target = fh.read().strip()
+                os.unlink(request)
+            except OSError:
+                continue
+            with self._lock:
+                if self._entries.get(key) is not entry:
+                    continue  # taken by a task of ours meanwhile
+                del self._entries[key]
+            done += self._hand_over(entry, target)
+        return done
+
+    def _hand_over(self, entry: _Entry, target: str) -> int:
+        path = entry.instance.path
+        clean = _same_sequence(entry)
+        try:
+            entry.instance.close()
+        except Exception:  # noqa: BLE001 - then it is not handed over
+            clean = False
+        self._in_use.discard(path)
+        dst = os.path.join(os.path.dirname(path), target)
+        if clean and _DIR_RE.match(target) and os.path.exists(path + MARKER_SUFFIX):
+            try:
+                os.rename(path, dst)
+                # the marker last: the requester waits for it
+                os.rename(path + MARKER_SUFFIX, dst + MARKER_SUFFIX)
+                return 1
+            except OSError:
+                log.warning("handing over %s to %s failed", path, target, exc_info=True)
+        _remove(path)
+        return 0
+
     def _start_timer(self) -> None:
         if self._timer is not None and self._timer.is_alive():
             return
-        period = max(0.05, min(self.idle_timeout_s / 4, 30.0))
+        idle_period = max(0.05, min(self.idle_timeout_s / 4, 30.0))
 
         def run() -> None:
+            last_sweep = time.monotonic()
             while True:
-                time.sleep(period)
+                time.sleep(POLL_S)
                 try:
-                    self.sweep()
+                    self.release_requested()
+                    if time.monotonic() - last_sweep >= idle_period:
+                        last_sweep = time.monotonic()
+                        self.sweep()
                 except Exception:  # noqa: BLE001 - the timer must survive
-                    log.warning("idle sweep of kept-open instances failed", exc_info=True)
+                    log.warning("sweep of kept-open instances failed", exc_info=True)
                 with self._lock:
                     if not self._entries:
                         self._timer = None
@@ -232,6 +349,41 @@ class ResidentInstances:
         self._timer = threading.Thread(target=run, name="statebackend-resident-idle",
                                        daemon=True)
         self._timer.start()
+
+
+def _marked_dirs(local: LocalRecovery, base: PartitionManifest) -> list[tuple[str, int]]:
+    """Kept-open directories of the partition whose clean marker names exactly ``base``."""
+    try:
+        names = os.listdir(local.partition_dir)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if not name.endswith(MARKER_SUFFIX):
+            continue
+        d = name[:-len(MARKER_SUFFIX)]
+        m = _DIR_RE.match(d)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(local.partition_dir, name)) as fh:
+                marker = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if (marker.get("checkpoint_id"), marker.get("attempt")) == (base.checkpoint_id,
+                                                                     base.attempt):
+            out.append((d, int(m.group(1))))
+    return out
+
+
+def _wait_for(path: str, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        if os.path.exists(path):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 def _same_sequence(entry: _Entry) -> bool:
@@ -283,6 +435,7 @@ def _lock_held(path: str) -> bool:
 def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     _unlink(path + MARKER_SUFFIX)
+    _unlink(path + RELEASE_SUFFIX)
 
 
 def _unlink(path: str) -> None:
@@ -307,12 +460,13 @@ def resident_instances(idle_timeout_s: float) -> ResidentInstances:
         return cache
 
 
-def close_all() -> None:
-    """Close every kept-open instance of this process (tests, process exit)."""
+def close_all(keep: bool = False) -> None:
+    """Close every kept-open instance of this process; see :meth:`ResidentInstances.close_all`."""
     with _CACHES_LOCK:
         caches = list(_CACHES.values())
     for c in caches:
-        c.close_all()
+        c.close_all(keep)
 
 
-atexit.register(close_all)
+# A worker that exits leaves its instances' directories to the next task of their partition.
+atexit.register(close_all, True)

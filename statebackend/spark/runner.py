@@ -148,7 +148,7 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
     """
     restored = _obtain(config, store, checkpointer, checkpoint_id, open_instance, resident)
     if resident is not None:
-        resident.opened(restored.instance)
+        resident.opened(checkpointer.local, restored.instance)
     return restored
 
 
@@ -201,6 +201,9 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             rmetrics = checkpointer.resume(base, kept, time.perf_counter() - t0)
             et = base.metrics.get("max_event_time_ms")
             return Restored(kept, rmetrics, base, False, et, record)
+        if base is not None:
+            # open in another worker of this executor: have it handed over (bounded wait)
+            resident.request_handover(checkpointer.local, base)
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
