@@ -4,6 +4,7 @@
     python -m benchmarks.large_state --keys 1000000 --batches 100      # ~1 GiB of state
     python -m benchmarks.large_state --lifecycle close,open            # before/after side by side
     python -m benchmarks.large_state --checkpoint-mode changelog       # once that mode exists
+    python -m benchmarks.large_state --option rocksdb.compaction-style=universal
 
 N keys (bigint) with V bytes of incompressible value each: the first batch loads them all,
 then each of B batches rewrites ``churn`` of them (chosen at random; the function reads the
@@ -119,9 +120,15 @@ def options_for(args: argparse.Namespace, local: str, keep_open: bool) -> StateB
         raise SystemExit(f"--checkpoint-mode {args.checkpoint_mode}: this build of statebackend "
                          f"has no checkpoint_mode option (changelog checkpoints are not merged "
                          f"yet); only 'incremental' runs here")
-    return StateBackendOptions(parallelism=args.partitions, max_parallelism=MAXP,
-                               local_dir=local, keep_instances_open=keep_open,
-                               memory_budget=args.memory_budget, **extra)
+    conf = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--option {item!r}: expected KEY=VALUE")
+        conf[f"spark.statebackend.{key.strip()}"] = value.strip()
+    return StateBackendOptions.from_spark_conf(
+        conf, parallelism=args.partitions, max_parallelism=MAXP, local_dir=local,
+        keep_instances_open=keep_open, memory_budget=args.memory_budget, **extra)
 
 
 def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
@@ -360,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-budget", default="256m", help="RocksDB memory per process")
     ap.add_argument("--frame-rows", type=int, default=100_000,
                     help="map_in_pandas frame_rows (the load batch streams in frames)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a StateBackendOptions field by its Spark key without the "
+                         "'spark.statebackend.' prefix, e.g. rocksdb.compaction-style=universal "
+                         "(repeatable)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default=None, help="default: a temp dir, deleted after")
     ap.add_argument("--out", default="bench-out/large-state")

@@ -156,8 +156,8 @@ class CheckpointStats:
     full_size, incremental_size : int
         Bytes the checkpoint references / bytes it uploaded.
     restore_sources : dict
-        Partition count per restore source (``working_dir``, ``local_copy``, ``durable``,
-        ``empty``).
+        Partition count per restore source (``resident``, ``working_dir``, ``local_copy``,
+        ``durable``, ``empty``).
     rocksdb : dict
         RocksDB properties summed over partitions (block cache: the maximum).
     """
