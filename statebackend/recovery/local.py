@@ -102,17 +102,7 @@ class LocalRecovery:
         _atomic_write(self.marker_path, data)
 
     def read_clean_marker(self) -> CleanMarker | None:
-        try:
-            with open(self.marker_path, "rb") as fh:
-                d = json.loads(fh.read())
-            return CleanMarker(int(d["checkpoint_id"]), str(d["attempt"]),
-                               None if d.get("sequence_number") is None
-                               else int(d["sequence_number"]))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError):
-            log.warning("ignoring unreadable clean marker %s", self.marker_path)
-            return None
+        return read_clean_marker(self.marker_path)
 
     def clear_clean_marker(self) -> None:
         """Forget that the working directory is clean (call before opening it for writing)."""
@@ -276,6 +266,21 @@ class LocalRecovery:
         for name in names:
             if name.startswith((".work-", ".trash-")):
                 shutil.rmtree(os.path.join(self.partition_dir, name), ignore_errors=True)
+
+
+def read_clean_marker(path: str) -> CleanMarker | None:
+    """The clean marker at ``path`` (None: absent or unreadable, logged)."""
+    try:
+        with open(path, "rb") as fh:
+            d = json.loads(fh.read())
+        return CleanMarker(int(d["checkpoint_id"]), str(d["attempt"]),
+                           None if d.get("sequence_number") is None
+                           else int(d["sequence_number"]))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, OSError):
+        log.warning("ignoring unreadable clean marker %s", path)
+        return None
 
 
 def _atomic_write(path: str, data: bytes) -> None:

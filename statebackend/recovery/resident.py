@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import json
 import logging
 import os
 import re
@@ -53,7 +52,7 @@ from dataclasses import dataclass
 
 from ..checkpoint.manifest import PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
-from .local import MARKER_SUFFIX, LocalRecovery
+from .local import MARKER_SUFFIX, LocalRecovery, read_clean_marker
 
 log = logging.getLogger(__name__)
 
@@ -359,20 +358,11 @@ def _marked_dirs(local: LocalRecovery, base: PartitionManifest) -> list[tuple[st
         return []
     out = []
     for name in names:
-        if not name.endswith(MARKER_SUFFIX):
-            continue
-        d = name[:-len(MARKER_SUFFIX)]
-        m = _DIR_RE.match(d)
-        if not m:
-            continue
-        try:
-            with open(os.path.join(local.partition_dir, name)) as fh:
-                marker = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        if (marker.get("checkpoint_id"), marker.get("attempt")) == (base.checkpoint_id,
-                                                                     base.attempt):
-            out.append((d, int(m.group(1))))
+        m = _DIR_RE.match(name[:-len(MARKER_SUFFIX)]) if name.endswith(MARKER_SUFFIX) else None
+        marker = m and read_clean_marker(os.path.join(local.partition_dir, name))
+        if m and marker and (marker.checkpoint_id, marker.attempt) == (base.checkpoint_id,
+                                                                        base.attempt):
+            out.append((m.group(0), int(m.group(1))))
     return out
 
 
