@@ -349,6 +349,28 @@ def plot(runs: list[Run], out_dir: str, title: str) -> list[str]:
     return paths
 
 
+def run_in_child(argv: list[str], name: str, out: str) -> Run:
+    """Run one lifecycle with the same arguments in a new process; its figures."""
+    import subprocess
+
+    rest, skip = [], False
+    for a in argv:  # drop --lifecycle/--out (both forms); the child gets its own
+        if skip:
+            skip = False
+            continue
+        if a in ("--lifecycle", "--out"):
+            skip = True
+            continue
+        if a.startswith(("--lifecycle=", "--out=")):
+            continue
+        rest.append(a)
+    subprocess.run([sys.executable, "-m", "benchmarks.large_state", *rest,
+                    "--lifecycle", name, "--out", out], check=True)
+    with open(os.path.join(out, "large_state.json")) as fh:
+        r = json.load(fh)["runs"][name]
+    return Run(name, r["batches"], r["restore"], r["memory"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.large_state",
                                  description=(__doc__ or "").split("\n\n")[0])
@@ -387,15 +409,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{title}; load {os.getloadavg()}", flush=True)
     runs = []
     for name in lifecycles:
-        workdir = tempfile.mkdtemp(prefix=f"sb-large-{name}-", dir=args.workdir)
-        try:
-            runs.append(run_lifecycle(args, name, workdir))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if len(lifecycles) > 1:
+            # each lifecycle in a process of its own: memory figures are its own
+            runs.append(run_in_child(argv if argv is not None else sys.argv[1:], name,
+                                     os.path.join(args.out, name)))
+        else:
+            workdir = tempfile.mkdtemp(prefix=f"sb-large-{name}-", dir=args.workdir)
+            try:
+                runs.append(run_lifecycle(args, name, workdir))
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
         print_run(runs[-1])
     out = {"args": vars(args), "load_end": os.getloadavg(),
-           "runs": {r.name: {"summary": summary(r), "batches": r.batches, "restore": r.restore}
-                    for r in runs}}
+           "runs": {r.name: {"summary": summary(r), "batches": r.batches, "restore": r.restore,
+                             "memory": r.memory} for r in runs}}
     with open(os.path.join(args.out, "large_state.json"), "w") as fh:
         json.dump(out, fh, indent=1, default=str)
     try:

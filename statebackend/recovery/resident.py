@@ -139,7 +139,11 @@ class ResidentInstances:
         """Record that a task of this process opened ``instance`` (never probe its LOCK),
         then delete the partition's directories nobody holds any more."""
         self._in_use.add(instance.path)
-        self._sweep_dirs(local)
+        try:
+            self._sweep_dirs(local)
+        except Exception:  # noqa: BLE001 - tidying up never fails a task
+            log.warning("sweeping kept-open directories of %s failed", local.partition_dir,
+                        exc_info=True)
 
     def request_handover(self, local: LocalRecovery, base: PartitionManifest,
                          wait_s: float = HANDOVER_WAIT_S) -> bool:
@@ -186,8 +190,14 @@ class ResidentInstances:
 
     def give_back(self, local: LocalRecovery, instance: RocksDBInstance,
                   manifest: PartitionManifest) -> None:
-        """Keep ``instance``, which just published ``manifest``, open for the next task."""
-        seq = int(instance.db.latest_sequence_number())
+        """Keep ``instance``, which just published ``manifest``, open for the next task
+        (closed and deleted instead if it cannot even report its sequence number)."""
+        try:
+            seq = int(instance.db.latest_sequence_number())
+        except Exception:  # noqa: BLE001 - the checkpoint is published: never fail the task
+            log.warning("instance %s not kept open", instance.path, exc_info=True)
+            self.discard(local, instance)
+            return
         entry = _Entry(instance, manifest.path, manifest.checkpoint_id, seq, local,
                        time.monotonic())
         with self._lock:
