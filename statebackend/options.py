@@ -366,6 +366,12 @@ class StateBackendOptions:
         share a machine keep separate local state, as separate hosts would.
     num_local_retained : int, default 2
         Local checkpoint copies kept per partition (>= 1).
+    keep_instances_open : bool, default False
+        Keep each partition's RocksDB instance open in the Python worker between
+        micro-batches (compactions complete; the next task in the same worker skips the
+        restore). See :mod:`statebackend.recovery.resident`.
+    instance_idle_timeout : float, default 300.0
+        Seconds after which a kept-open instance no task used is closed.
     upload_threads, download_threads : int, default 4
         Threads per task transferring files to/from durable storage (1..64).
     snapshot_compression : {"snappy", "none"}, default "snappy"
@@ -454,6 +460,13 @@ class StateBackendOptions:
     num_local_retained: int = _opt(
         2, "Local checkpoint copies kept per partition when local_recovery is on.",
         "int", low=1, high=10_000)
+    keep_instances_open: bool = _opt(
+        False, "Keep each partition's RocksDB instance open in the Python worker between "
+        "micro-batches: its compactions complete, and the next task of the partition in "
+        "the same worker reuses it without a restore.", "bool")
+    instance_idle_timeout: float = _opt(
+        300.0, "Seconds after which an instance kept open (keep_instances_open) that no "
+        "task used is closed.", "duration", low=0.05)
     upload_threads: int = _opt(
         4, "Threads per task uploading files to durable storage.", "int", low=1, high=64)
     download_threads: int = _opt(
