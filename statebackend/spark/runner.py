@@ -210,6 +210,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
 
     checkpointer = PartitionCheckpointer(root, config.operator_id, partition, config.options,
                                          local_root(config.options), open_instance=open_instance)
+    counts0 = root.request_counts()
     restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     t_restore = time.perf_counter()
@@ -219,6 +220,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         wm = -1
         if config.watermark is not None:
             wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
+        counts1 = root.request_counts()  # the restore's requests (and the watermark's reads)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
@@ -252,6 +254,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                "flush": _ms(t_process, t_flush)}}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
+        if counts0 is not None and counts1 is not None:
+            metrics["restore_requests"] = (counts1 - counts0).to_dict()
         checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
                                 backend.descriptors(), base_manifest=base, extra_metrics=metrics)
     finally:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import StorageError
+from .accounting import RequestCounts
 
 
 class StoreFileNotFoundError(StorageError, FileNotFoundError):
@@ -91,12 +92,34 @@ class DurableStore(ABC):
             out.append(self.get_file(path, local, size=size, checksum=checksum))
         return out
 
+    def get_bytes_many(self, paths: Sequence[str]) -> list[bytes | None]:
+        """Read small files whole, in parallel where the store can; None for a missing one.
+
+        Results are in input order."""
+        out: list[bytes | None] = []
+        for p in paths:
+            try:
+                out.append(self.get_bytes(p))
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """:meth:`size` of each path, in parallel where the store can; in input order."""
+        return [self.size(p) for p in paths]
+
     def child(self, prefix: str) -> DurableStore:
         """A store rooted at ``<root>/<prefix>`` (sharing connections when possible)."""
         raise NotImplementedError(f"{type(self).__name__} does not support child stores")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release pools and connections."""
+
+    def request_counts(self) -> RequestCounts | None:
+        """Object-store requests made so far in this process (None: not counted here).
+
+        Callers take the difference of two readings around a piece of work."""
+        return None
 
 
 def _expand_get(item: Sequence[object]) -> tuple[str, str, int | None, str | None]:
