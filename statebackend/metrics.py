@@ -23,7 +23,10 @@ Durable layout (beside the checkpoints, under the operator root)::
 
 One immutable file per checkpoint (object stores cannot append). These files are written
 after the checkpoint completed and are not referenced by any record, so retention never
-depends on them; :func:`read_metrics` reads them back in checkpoint order.
+depends on them; :func:`read_metrics` reads them back in checkpoint order. The newest
+:data:`METRICS_KEPT` are kept: every :data:`METRICS_DELETE_EVERY` checkpoints, one bulk
+delete removes the ones that fell out of that window, so nothing grows with the number of
+checkpoints ever taken.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ __all__ = [
 log = logging.getLogger("statebackend.metrics")
 
 METRICS_DIR = "_metrics"
+#: Metrics files kept (checkpoints); older ones are deleted in batches.
+METRICS_KEPT = 1000
+#: One bulk delete of old metrics files per this many checkpoints.
+METRICS_DELETE_EVERY = 100
 _NAME = re.compile(r"^chk-(\d+)\.jsonl$")
 
 #: Metric name -> (RocksDB property, how to combine column families). Per-column-family
@@ -375,12 +382,23 @@ def record_checkpoint(store: DurableStore, record: CompletedCheckpoint,
         else:
             s = aggregate(record, manifests, completion_requests)
         write_metrics(store, s)
+        _forget_old_metrics(store, record.operator_id, record.checkpoint_id)
     except Exception:  # noqa: BLE001 - metrics are best effort by design
         log.warning("metrics of checkpoint %d of %s could not be recorded",
                     record.checkpoint_id, record.operator_id, exc_info=True)
         return None
     log.info("%s", format_line(s))
     return s
+
+
+def _forget_old_metrics(store: DurableStore, operator_id: str, checkpoint_id: int) -> None:
+    n = checkpoint_id
+    if n % METRICS_DELETE_EVERY or n < METRICS_KEPT:
+        return
+    from .storage.manifests import operator_store
+
+    old = range(max(0, n - METRICS_KEPT - METRICS_DELETE_EVERY), n - METRICS_KEPT + 1)
+    operator_store(store, operator_id).delete([metrics_path(k) for k in old])
 
 
 def read_metrics(store: DurableStore, operator_id: str, *, partitions: bool = False

@@ -17,7 +17,7 @@ fsspec call                            S3 requests
 ``cat_file`` (small objects)           1 GET (s3fs's HEAD first is turned off)
 ``rm_many(paths)``                     ceil(len/1000) DELETE (bulk ``DeleteObjects``)
 ``rm_file``                            1 DELETE
-``find(prefix)``                       ceil(found/1000) LIST (at least 1)
+``find(prefix)``, ``ls(dir)``           ceil(found/1000) LIST (at least 1)
 =====================================  ===============================================
 
 On a local or in-memory filesystem the same calls are counted the same way, so tests on
@@ -300,6 +300,18 @@ class AccountingFileSystem(fsspec.AbstractFileSystem):
     def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
         try:
             found = self.inner.find(path, *args, **kwargs)
+        except BaseException:
+            self.counter.add(list=1)
+            self._charge(1)
+            raise
+        pages = max(1, math.ceil(len(found) / LIST_PAGE))
+        self.counter.add(list=pages)
+        self._charge(pages)
+        return found
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        try:
+            found = self.inner.ls(path, detail=detail, **kwargs)
         except BaseException:
             self.counter.add(list=1)
             self._charge(1)

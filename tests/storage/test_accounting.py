@@ -260,3 +260,27 @@ def test_requests_reach_the_checkpoint_metrics(tmp_path: Path) -> None:
     assert line["requests"]["completion"]["get"] == 2
     assert line["requests"]["completion"]["list"] == 1
     coord.close()
+
+
+def test_metrics_files_do_not_grow_with_the_checkpoints_taken(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import statebackend.metrics as metrics
+    from statebackend.backend import complete_pending
+    from tests.coordinator.coordsim import run_attempt
+
+    monkeypatch.setattr(metrics, "METRICS_KEPT", 5)
+    monkeypatch.setattr(metrics, "METRICS_DELETE_EVERY", 3)
+    store = open_store(str(tmp_path / "d"), backoff_s=0.0)
+    coord = CheckpointCoordinator(store, "op1", 1, 64, num_retained=2)
+    base = None
+    counts = []
+    for n in range(20):
+        base = run_attempt(store, n, 0, "a", {f"{n}.sst": b"s"}, base, parallelism=1,
+                           max_parallelism=64)
+        complete_pending(coord)
+        counts.append(len(store.list_dir("op1/_metrics")))
+    assert max(counts) <= 5 + 3
+    assert [r["checkpoint_id"] for r in metrics.read_metrics(store, "op1")][-1] == 19
+    assert min(r["checkpoint_id"] for r in metrics.read_metrics(store, "op1")) >= 19 - 5 - 3
+    coord.close()
