@@ -128,6 +128,18 @@ def _manifests_by_partition(listing: Iterable[str]) -> dict[int, list[str]]:
     return out
 
 
+def _parse_or_error(raw: bytes | PartitionManifest | Exception | None, where: str
+                    ) -> PartitionManifest | Exception | None:
+    """A manifest parsed from ``raw`` (passed through when already parsed or missing), or
+    the error that parsing raised (handed to the caller's thread)."""
+    if raw is None or isinstance(raw, (PartitionManifest, Exception)):
+        return raw
+    try:
+        return PartitionManifest.from_json(raw, where=where)
+    except (CorruptStateError, UnsafePathError) as exc:
+        return exc
+
+
 def listed_records(store: DurableStore, operator_id: str) -> dict[int, str]:
     """Checkpoint id -> path (relative to the operator) of every completed-checkpoint
     record of an operator, from one listing of its ``_checkpoints/`` directory (the
@@ -372,8 +384,12 @@ class CheckpointCoordinator:
         cache = self._published.setdefault(checkpoint_id, {})
         todo = [rel for rel in rels if rel not in cache]
         if len(todo) > 1:
-            for rel, raw in zip(todo, self.store.get_bytes_many([self._abs(r) for r in todo])):
-                self._parse_published(checkpoint_id, rel, raw)
+            # parsed in the reading threads, while other reads still wait for the store
+            parsed = self.store.get_bytes_many(
+                [self._abs(r) for r in todo],
+                then=lambda path, raw: _parse_or_error(raw, path[len(self.operator_id) + 1:]))
+            for rel, m in zip(todo, parsed):
+                self._parse_published(checkpoint_id, rel, m)
 
     def _choose(self, checkpoint_id: int, partition: int, rels: list[str],
                 listing: frozenset[str]) -> PartitionManifest | None:
@@ -403,13 +419,16 @@ class CheckpointCoordinator:
             raw = None
         return self._parse_published(checkpoint_id, rel, raw)
 
-    def _parse_published(self, checkpoint_id: int, rel: str, raw: bytes | None
+    def _parse_published(self, checkpoint_id: int, rel: str,
+                         raw: bytes | PartitionManifest | Exception | None
                          ) -> PartitionManifest | None:
         cache = self._published.setdefault(checkpoint_id, {})
         if raw is None:
             return None  # deleted (aborted) between the listing and the read
         try:
-            m = PartitionManifest.from_json(raw, where=rel)
+            m = _parse_or_error(raw, rel)
+            if isinstance(m, Exception):
+                raise m
         except (CorruptStateError, UnsafePathError) as exc:
             log.warning("ignoring unreadable manifest %s: %s", rel, exc)
             return None

@@ -8,8 +8,9 @@ under it. Implementations retry transient failures and raise
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import StorageError
 from .accounting import RequestCounts
@@ -92,16 +93,19 @@ class DurableStore(ABC):
             out.append(self.get_file(path, local, size=size, checksum=checksum))
         return out
 
-    def get_bytes_many(self, paths: Sequence[str]) -> list[bytes | None]:
+    def get_bytes_many(self, paths: Sequence[str],
+                       then: Callable[[str, bytes | None], Any] | None = None) -> list[Any]:
         """Read small files whole, in parallel where the store can; None for a missing one.
 
-        Results are in input order."""
-        out: list[bytes | None] = []
+        Results are in input order. ``then(path, data)``, when given, runs on each result in
+        the reading thread (parsing overlaps the other reads) and its value is returned."""
+        out: list[Any] = []
         for p in paths:
             try:
-                out.append(self.get_bytes(p))
+                data: bytes | None = self.get_bytes(p)
             except FileNotFoundError:
-                out.append(None)
+                data = None
+            out.append(data if then is None else then(p, data))
         return out
 
     def sizes(self, paths: Sequence[str]) -> list[int | None]:

@@ -367,12 +367,14 @@ class FsspecStore(DurableStore):
         full = self.full_path(path)
         return self._retry(f"read of {path}", lambda _a: bytes(self.fs.cat_file(full)), path)
 
-    def get_bytes_many(self, paths: Sequence[str]) -> list[bytes | None]:
-        def one(path: str) -> bytes | None:
+    def get_bytes_many(self, paths: Sequence[str],
+                       then: Callable[[str, bytes | None], Any] | None = None) -> list[Any]:
+        def one(path: str) -> Any:
             try:
-                return self.get_bytes(path)
+                data: bytes | None = self.get_bytes(path)
             except FileNotFoundError:
-                return None
+                data = None
+            return data if then is None else then(path, data)
 
         return self._map(one, paths)
 
