@@ -185,12 +185,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--file-mb", type=int, default=16)
     ap.add_argument("--big-mb", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--part-mb", type=int, default=16,
+                    help="multipart part size and ranged-GET chunk (MiB)")
     args = ap.parse_args(argv)
     server, url, options = moto()
     work = tempfile.mkdtemp(prefix="sb-objstore-")
     result: dict[str, Any] = {"load_1m_before": os.getloadavg()[0]}
     try:
-        store = open_store(url, storage_options=options)
+        store = open_store(url, storage_options=options, part_size=args.part_mb * MiB)
         if args.part in ("requests", "both"):
             print(f"requests: {args.partitions} partitions x {args.keys} keys, "
                   f"{args.checkpoints} checkpoints, churn {args.churn}", flush=True)

@@ -36,7 +36,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -298,20 +298,15 @@ class AccountingFileSystem(fsspec.AbstractFileSystem):
                     pass
 
     def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            found = self.inner.find(path, *args, **kwargs)
-        except BaseException:
-            self.counter.add(list=1)
-            self._charge(1)
-            raise
-        pages = max(1, math.ceil(len(found) / LIST_PAGE))
-        self.counter.add(list=pages)
-        self._charge(pages)
-        return found
+        return self._listing(lambda: self.inner.find(path, *args, **kwargs))
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self._listing(lambda: self.inner.ls(path, detail=detail, **kwargs))
+
+    def _listing(self, call: Callable[[], Any]) -> Any:
+        """One LIST page per 1,000 entries found (at least one)."""
         try:
-            found = self.inner.ls(path, detail=detail, **kwargs)
+            found = call()
         except BaseException:
             self.counter.add(list=1)
             self._charge(1)
