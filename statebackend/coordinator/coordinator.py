@@ -379,6 +379,11 @@ class CheckpointCoordinator:
         self._after_change()
         return record
 
+    def anything_published(self, checkpoint_id: int) -> bool:
+        """Whether any attempt of any partition wrote anything for ``checkpoint_id`` (one
+        bounded listing of that checkpoint's directory)."""
+        return bool(self._list(checkpoint_dir(checkpoint_id)))
+
     def _read_published_many(self, checkpoint_id: int, rels: list[str]) -> None:
         """Read (in parallel) the manifests among ``rels`` not read before."""
         cache = self._published.setdefault(checkpoint_id, {})
