@@ -62,7 +62,7 @@ def test_next_batch_in_the_same_worker_reuses_the_open_instance(tmp_path):
     # same state from the local copy into "work"
     resident.close_all()
     assert work_dirs(tmp_path) == []
-    out2, src2 = run_task(str(tmp_path), 2, "t2", frames(["a"]))
+    out2, src2 = run_task(str(tmp_path), 2, "t2", frames(["a"]), keep_instances_open=False)
     assert src2 == "local_copy" and counts(out2) == {"a": 4}
 
 
