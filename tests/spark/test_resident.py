@@ -241,3 +241,15 @@ def test_spark_query_with_instances_kept_open_counts_exactly_once(spark, tmp_pat
     assert sum(sources.values()) == 12 and sources["empty"] == 2
     # kept here, handed over by another worker, or (owner busy) the local copy
     assert set(sources) <= {"empty", "resident", "working_dir", "local_copy"}, sources
+
+
+def test_local_directory_deleted_under_a_live_worker(tmp_path):
+    # As on a machine whose local disk was wiped: the kept instance's directory is gone,
+    # so it is not reused (RocksDB could not write its next file); the task restores from
+    # durable storage and counts once.
+    import shutil
+
+    run_task(str(tmp_path), 0, "t0", frames(["a", "b"]), **ON)
+    shutil.rmtree(tmp_path / "local")
+    out, source = run_task(str(tmp_path), 1, "t1", frames(["a"]), **ON)
+    assert source == "durable" and counts(out) == {"a": 2}
