@@ -80,6 +80,7 @@ class Progress:
         self._t0 = clock()
         self._last_draw = float("-inf")
         self._width = 0
+        self._skipped: str | None = None  # a line not drawn yet (drawn by close())
 
     def __call__(self, done: int, total: int | None = None, nbytes: int = 0,
                  total_bytes: int | None = None, *, unit: str | None = None) -> None:
@@ -88,11 +89,13 @@ class Progress:
         now = self.clock()
         if unit is not None and unit != self.unit:
             self.unit, self._t0 = unit, now  # a new stage: its own rate and time left
+        text = self.line(done, total, nbytes, total_bytes, now - self._t0)
         finished = total is not None and done >= total
         if not finished and now - self._last_draw < self.min_interval:
+            self._skipped = text
             return
         self._last_draw = now
-        self._draw(self.line(done, total, nbytes, total_bytes, now - self._t0))
+        self._draw(text)
 
     def line(self, done: int, total: int | None, nbytes: int, total_bytes: int | None,
              elapsed: float) -> str:
@@ -120,9 +123,12 @@ class Progress:
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
         self._width = len(text)
+        self._skipped = None
 
     def close(self) -> None:
-        """End the line (if anything was drawn)."""
+        """Draw the latest state if it was skipped, and end the line."""
+        if self._skipped is not None:
+            self._draw(self._skipped)
         if self.enabled and self._width:
             self.stream.write("\n")
             self.stream.flush()
