@@ -106,7 +106,7 @@ class Progress:
                          else f"{format_bytes(nbytes)}/{format_bytes(total_bytes)}")
         if elapsed > 0 and (done or nbytes):
             parts.append(f"{format_bytes(nbytes / elapsed)}/s" if nbytes
-                         else f"{done / elapsed:.1f} {self.unit}/s")
+                         else f"{done / elapsed:.1f}/s")
             # time left from bytes when both totals are known, else from items
             if total_bytes and nbytes:
                 left = elapsed * (total_bytes - nbytes) / nbytes

@@ -180,6 +180,13 @@ def release_all() -> None:
 
 def _release(listener: _SessionListener) -> None:
     listener.unregister()
+    # An event Spark's bus took before the removal may still be on its way to Python:
+    # the process must not end before it is answered (callbacks now return at once).
+    try:
+        bus = listener._spark.sparkContext._jsc.sc().listenerBus()
+        bus.waitUntilEmpty(int(_DRAIN_TIMEOUT_S * 1000))
+    except Exception:  # noqa: BLE001 - stopped session (no bus) or a timeout: go on
+        log.debug("waiting for Spark's listener bus failed", exc_info=True)
     if not listener.drain():
         log.warning("statebackend: a listener callback still runs after %.0f s; the "
                     "checkpoint it completes is completed by the next run instead",
