@@ -68,6 +68,9 @@ ROCKSDB_PROPERTIES: dict[str, tuple[str, str]] = {
     "memtable_bytes": ("rocksdb.cur-size-all-mem-tables", "sum"),
     "block_cache_bytes": ("rocksdb.block-cache-usage", "max"),
     "pending_compaction_bytes": ("rocksdb.estimate-pending-compaction-bytes", "sum"),
+    # the files every point read of the batch may check (compaction keeps it near its
+    # trigger only while the instance stays open long enough: keep_instances_open)
+    "l0_files": ("rocksdb.num-files-at-level0", "sum"),
 }
 
 
@@ -153,8 +156,8 @@ class CheckpointStats:
     full_size, incremental_size : int
         Bytes the checkpoint references / bytes it uploaded.
     restore_sources : dict
-        Partition count per restore source (``working_dir``, ``local_copy``, ``durable``,
-        ``empty``).
+        Partition count per restore source (``resident``, ``working_dir``, ``local_copy``,
+        ``durable``, ``empty``).
     rocksdb : dict
         RocksDB properties summed over partitions (block cache: the maximum).
     """

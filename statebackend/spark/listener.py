@@ -91,12 +91,12 @@ class _SessionListener(StreamingQueryListener):
             self._running -= 1
             self._idle.notify_all()
 
-    def _complete_all(self) -> None:
+    def _complete_all(self, up_to: int | None = None) -> None:
         with self._lock:
             backends = list(self._backends.values())
         for backend in backends:
             try:
-                backend.complete()
+                backend.complete(up_to=up_to)
             except Exception:  # a listener must never kill the listener bus
                 log.exception("statebackend: completing checkpoints of %s failed (will retry "
                               "next batch)", backend.checkpoint_location)
@@ -114,7 +114,9 @@ class _SessionListener(StreamingQueryListener):
         if not self._enter():
             return
         try:
-            self._complete_all()
+            # the batch just finished: ids before it with nothing published ran no task of ours
+            batch = getattr(getattr(event, "progress", None), "batchId", None)
+            self._complete_all(int(batch) if batch is not None else None)
         finally:
             self._exit()
 
