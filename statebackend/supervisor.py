@@ -116,7 +116,9 @@ class InterruptGuard:
 
     def __exit__(self, *exc: Any) -> None:
         if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
+            # None: the previous handler was not installed from Python
+            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None
+                          else self._previous)
             self._installed = False
 
     def _handle(self, signum: int, frame: Any) -> None:
