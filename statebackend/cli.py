@@ -14,8 +14,12 @@
 writes to the store except ``gc`` without ``--dry-run``, ``savepoint`` and
 ``migrate-savepoint`` (which writes a new savepoint and never changes its source).
 
+``--json`` prints one JSON document instead of a table or summary. The long commands
+(``verify``, ``read``, ``gc``, ``savepoint``, ``migrate-savepoint``) redraw a progress line on
+stderr when it is a terminal (:mod:`statebackend.progress`); ``-q``/``--quiet`` hides it.
+
 Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
-3 no such operator or checkpoint; 4 storage failure or unreadable state.
+3 no such operator or checkpoint; 4 storage failure or unreadable state; 130 interrupted.
 """
 
 from __future__ import annotations
