@@ -610,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="statebackend", description="Inspect, verify, garbage-collect and read the "
         "checkpoints of a statebackend RocksDB state location (no Spark needed).",
         epilog="exit codes: 0 ok, 1 verify found problems, 2 bad usage, 3 no such operator "
-        "or checkpoint, 4 storage failure or unreadable state",
+        "or checkpoint, 4 storage failure or unreadable state, 130 interrupted",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
