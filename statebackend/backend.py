@@ -475,7 +475,8 @@ def complete_pending(coordinator, up_to: int | None = None) -> list:
             break
         done.append(record)
         # aggregated, written beside the checkpoint and logged once; never raises
-        record_checkpoint(coordinator.store, record)
+        record_checkpoint(coordinator.store, record, coordinator.chosen_manifests(n),
+                          coordinator.last_completion_requests)
         n += 1
     return done
 

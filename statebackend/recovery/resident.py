@@ -146,7 +146,7 @@ class ResidentInstances:
                         exc_info=True)
 
     def request_handover(self, local: LocalRecovery, base: PartitionManifest,
-                         wait_s: float = HANDOVER_WAIT_S) -> bool:
+                         wait_s: float | None = None) -> bool:
         """Have another process of this machine hand over its open instance of ``base``.
 
         Looks for a working directory of another process whose clean marker names exactly
@@ -156,7 +156,10 @@ class ResidentInstances:
         sequence number checked as always). A dead owner's directory is taken directly once
         its LOCK is free. Waits at most ``wait_s``; False: restore from the local copy as
         usual (``local`` then names a fresh directory, so a late handover lands nowhere).
+        ``wait_s`` defaults to :data:`HANDOVER_WAIT_S`, read at each call.
         """
+        if wait_s is None:
+            wait_s = HANDOVER_WAIT_S
         for name, pid in _marked_dirs(local, base):
             src = os.path.join(local.partition_dir, name)
             if pid == os.getpid():

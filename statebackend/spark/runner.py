@@ -292,6 +292,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         root, config.operator_id, partition, config.options, local_root(config.options),
         open_instance=open_instance,
         working_dir_name=resident_dir_name() if resident is not None else WORK_DIR)
+    counts0 = root.request_counts()
     restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
                                resident)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
@@ -311,6 +312,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                 late_wm = (late_watermark(store, config, checkpoint_id, base)
                            if prev == checkpoint_id - 1 else wm)
                 first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
+        counts1 = root.request_counts()  # the restore's requests (and the watermark's reads)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
@@ -348,6 +350,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             # the next batch drops input at or before this watermark (Spark's rule)
             metrics["watermark_ms"] = int(wm)
             metrics["late_rows_dropped"] = late_dropped
+        if counts0 is not None and counts1 is not None:
+            metrics["restore_requests"] = (counts1 - counts0).to_dict()
         published, _ = checkpointer.checkpoint(
             instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
             backend.descriptors(), base_manifest=base, extra_metrics=metrics)

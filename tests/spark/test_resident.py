@@ -39,12 +39,14 @@ def work_dirs(root) -> list[str]:
     return sorted(n for n in os.listdir(d) if n.startswith("work-") and "." not in n)
 
 
-def other_worker(root, batch: int, attempt: str, rows: list[str], how: str = "exit") -> dict:
+def other_worker(root, batch: int, attempt: str, rows: list[str], how: str = "exit",
+                 wait_s: float | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (HERE, os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH"))
         if p))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "resident_procs.py"), str(root),
-                           str(batch), attempt, ",".join(rows), how],
+                           str(batch), attempt, ",".join(rows), how,
+                           *([] if wait_s is None else [str(wait_s)])],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -148,7 +150,7 @@ def test_handover_between_worker_processes(tmp_path):
     cache = resident_instances(300.0)
     run_task(str(tmp_path), 0, "t0", frames(["a", "b"]), **ON)
     (ours,) = work_dirs(tmp_path)
-    r1 = other_worker(tmp_path, 1, "t1", ["a", "c"])
+    r1 = other_worker(tmp_path, 1, "t1", ["a", "c"], wait_s=60.0)
     assert r1["source"] == "working_dir" and r1["counts"] == {"a": 2, "c": 1}
     assert len(cache) == 0 and ours not in work_dirs(tmp_path)
     # That worker exited cleanly: its closed directory waits, marked, for the next task.
