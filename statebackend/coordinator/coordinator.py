@@ -625,6 +625,10 @@ class CheckpointCoordinator:
         latest = self._registry.latest_id
         if latest is None:
             return frozenset()
+        # The listing taken when the latest checkpoint completed, not a new one: an attempt
+        # of it published after its record was written is missing from it, but no task
+        # restores from such an attempt (readers take the record's manifest once it
+        # exists), so its files protect nothing; they are swept with the directory later.
         listing = self._listings.get(latest)
         if listing is None:  # after a rebuild: not listed since
             listing = frozenset(self._list(checkpoint_dir(latest)))
