@@ -216,6 +216,10 @@ class GcReport:
     watermark: int | None = None
 
 
+class _RecordVanished(Exception):
+    """A retained checkpoint's record was deleted while the registry was being rebuilt."""
+
+
 class CheckpointCoordinator:
     """Driver-side completion, retention and garbage collection of one operator's checkpoints.
 
@@ -782,8 +786,14 @@ class CheckpointCoordinator:
                 self.num_retained,
                 [RegisteredCheckpoint(r, frozenset()) for r in records.values()], pins)
             retained = set(probe.retained_ids())
-            cps = [self._load(r, must_exist=r.checkpoint_id in retained)
-                   for r in records.values()]
+            try:
+                cps = [self._load(r, must_exist=r.checkpoint_id in retained)
+                       for r in records.values()]
+            except _RecordVanished:
+                # another coordinator of this operator (an earlier backend object of this
+                # driver still collecting garbage, say) applied retention since the
+                # listing: its deletions are consistent, so read the records again
+                return self._rebuild_again()
             self._registry = SharedStateRegistry.rebuild(self.num_retained, cps, pins)
             try:
                 raw = self.store.get_bytes(self._abs(WATERMARK_PATH))
@@ -809,6 +819,8 @@ class CheckpointCoordinator:
             if raw is not None:
                 manifests.append(PartitionManifest.from_json(raw, where=rel))
             elif must_exist:
+                if not self.store.exists(self._abs(record.path)):
+                    raise _RecordVanished(record.checkpoint_id)
                 raise CorruptStateError(
                     f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "
                     f"partition {p} is missing; restore from another retained checkpoint",
@@ -819,6 +831,17 @@ class CheckpointCoordinator:
             return RegisteredCheckpoint.of(record, manifests)
         return RegisteredCheckpoint(
             record, referenced_paths(manifests) | frozenset(record.manifests.values()))
+
+    def _rebuild_again(self) -> SharedStateRegistry:
+        self._rebuild_attempts = getattr(self, "_rebuild_attempts", 0) + 1
+        try:
+            if self._rebuild_attempts > 5:
+                raise CorruptStateError(
+                    f"operator {self.operator_id}: completed checkpoints keep disappearing "
+                    f"while the registry is rebuilt: is another driver running this query?")
+            return self.rebuild()
+        finally:
+            self._rebuild_attempts -= 1
 
     # --- lifecycle ----------------------------------------------------------------------
 

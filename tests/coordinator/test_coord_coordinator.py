@@ -326,6 +326,35 @@ def test_retained_manifest_missing_at_rebuild_is_reported(store: DurableStore) -
         q.open()
 
 
+def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
+        store: DurableStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A driver that restarts a query with a new backend object rebuilds the registry while
+    # the earlier object's coordinator still completes and collects: a record listed as
+    # retained may lose its manifest and record before it is read. That is retention, not
+    # corruption: the rebuild reads the records again.
+    q = Query(store, num_retained=2)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    m1 = q.attempt(1, "a", ssts("1", "2"), m0)
+    q.coord.try_complete(1)
+    m2 = q.attempt(2, "a", ssts("2", "3"), m1)
+    load = CheckpointCoordinator._load
+    raced = []
+
+    def racing_load(self, record, *, must_exist):
+        if not raced:
+            raced.append(record.checkpoint_id)
+            q.coord.try_complete(2)  # drops checkpoint 0: its manifest and record go
+            q.coord.wait_for_gc()
+        return load(self, record, must_exist=must_exist)
+
+    monkeypatch.setattr(CheckpointCoordinator, "_load", racing_load)
+    fresh = q.open()
+    assert raced == [0]
+    assert [i.checkpoint_id for i in fresh.list_completed()] == [1, 2]
+    assert fresh.restore().manifests == {0: m2}
+
+
 def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> None:
     counting = CountingStore(store)
     q = Query(store, num_retained=2, parallelism=2)
