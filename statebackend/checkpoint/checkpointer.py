@@ -392,7 +392,7 @@ class PartitionCheckpointer:
             changelog = {"records": stats.records, "raw_bytes": stats.raw_bytes,
                          "bytes": stats.size, "since_materialization":
                          lineage.changelog_size + stats.size,
-                         "materialization": adoption if snapshot is None else "started"}
+                         "adoption": adoption, "materialization_started": snapshot is not None}
             manifest = manifest.with_metrics(**(extra_metrics or {}), **metrics.to_dict(),
                                              changelog=changelog)
             publish_manifest(self.store, manifest)
