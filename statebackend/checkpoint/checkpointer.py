@@ -44,7 +44,12 @@ from .manifest import (
 )
 from .materialize import Lineage, materialization_due, materialize_in_background, try_adopt
 from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
-from .restore import download_checkpoint, replay_changelogs, validate_manifest
+from .restore import (
+    download_checkpoint,
+    local_changelog_name,
+    replay_changelogs,
+    validate_manifest,
+)
 from .snapshot import LocalSnapshot, take_snapshot
 from .uploader import upload_snapshot
 
@@ -186,11 +191,20 @@ class PartitionCheckpointer:
         copy_root = LocalRecovery(os.path.dirname(os.path.dirname(self.local.partition_dir)),
                                   self.operator_id, m.partition)
         ref = m.snapshot_ref
-        if ref is None or not os.path.isdir(copy_root.copy_dir(ref.checkpoint_id, ref.attempt)):
+        if ref is None:
+            # changelogs only (no materialization yet): local when every changelog is here
+            if not all(os.path.exists(os.path.join(copy_root.changelogs_dir,
+                                                   local_changelog_name(f)))
+                       for f in m.changelog_files):
+                return None
+        elif not os.path.isdir(copy_root.copy_dir(ref.checkpoint_id, ref.attempt)):
             return None  # never kept here (other executor): not a problem worth a warning
         try:
-            d = copy_root.verify_copy(m, threads=max(2, self.options.download_threads))
-            path = self.local.materialize_copy(d, m.db_files)
+            if ref is None:
+                path = self.local.install_working_dir(self.local.fresh_dir())
+            else:
+                d = copy_root.verify_copy(m, threads=max(2, self.options.download_threads))
+                path = self.local.materialize_copy(d, m.db_files)
         except (LocalCopyError, OSError) as exc:
             reasons.append(f"local copy unusable: {exc}")
             return None

@@ -99,9 +99,10 @@ def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
 
 
 def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
-                    local_dir: str | None = None) -> bytes:
+                    local_dir: str | None = None) -> tuple[bytes, bool]:
     """The bytes of changelog ``f`` of ``manifest``: the local copy under ``local_dir`` when
-    it has the right size and CRC32, else durable storage (verified the same way).
+    it has the right size and CRC32, else durable storage (verified the same way); and
+    whether it was downloaded.
 
     Raises
     ------
@@ -113,7 +114,7 @@ def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEnt
             with open(os.path.join(local_dir, local_changelog_name(f)), "rb") as fh:
                 data = fh.read()
             if len(data) == f.size and bytes_crc32(data) == f.checksum:
-                return data
+                return data, False
         except OSError:
             pass
     try:
@@ -130,7 +131,7 @@ def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEnt
             f"{f.path} has {len(data)} bytes / {bytes_crc32(data)}, the manifest says "
             f"{f.size} / {f.checksum}", checkpoint_id=manifest.checkpoint_id,
             partition=manifest.partition, path=f.path)
-    return data
+    return data, True
 
 
 def local_changelog_name(f: FileEntry) -> str:
@@ -142,14 +143,15 @@ def local_changelog_name(f: FileEntry) -> str:
 def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
                       manifest: PartitionManifest, local_dir: str | None = None) -> int:
     """Replay the changelogs of ``manifest`` in order onto ``instance`` (opened from its
-    :attr:`~PartitionManifest.db_files`); returns how many bytes were replayed."""
+    :attr:`~PartitionManifest.db_files`); returns how many of their bytes were downloaded
+    (the others were local copies)."""
     recording, instance.changelog = instance.changelog, None
     total = 0
     try:
         for f in manifest.changelog_files:
-            data = fetch_changelog(store, manifest, f, local_dir)
+            data, downloaded = fetch_changelog(store, manifest, f, local_dir)
             replay(instance, data, where=f.path)
-            total += len(data)
+            total += len(data) if downloaded else 0
     finally:
         instance.changelog = recording
     return total
