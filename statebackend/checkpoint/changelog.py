@@ -102,35 +102,37 @@ class ChangelogWriter:
         n = len(keys)
         klens = struct.pack(f"<{n}I", *map(len, keys))
         vlens = struct.pack(f"<{n}I", *(_DELETED if v is None else len(v) for v in values))
-        self._append(b"".join((bytes([OP_WRITE]), _cf(cf), struct.pack("<I", n), klens, vlens,
-                               b"".join(keys), b"".join(v for v in values if v is not None))))
+        present = values if None not in values else [v for v in values if v is not None]
+        self._append(bytes([OP_WRITE]), _cf(cf), struct.pack("<I", n), klens, vlens,
+                     b"".join(keys), b"".join(present))
 
     def delete_range(self, cf: str, start: bytes, end: bytes) -> None:
-        self._append(b"".join((bytes([OP_DELETE_RANGE]), _cf(cf), struct.pack("<I", len(start)),
-                               start, struct.pack("<I", len(end)), end)))
+        self._append(bytes([OP_DELETE_RANGE]), _cf(cf), struct.pack("<I", len(start)), start,
+                     struct.pack("<I", len(end)), end)
 
     def create_column_family(self, cf: str) -> None:
-        self._append(bytes([OP_CREATE_CF]) + _cf(cf))
+        self._append(bytes([OP_CREATE_CF]), _cf(cf))
 
     def drop_column_family(self, cf: str) -> None:
-        self._append(bytes([OP_DROP_CF]) + _cf(cf))
+        self._append(bytes([OP_DROP_CF]), _cf(cf))
 
-    def _append(self, record: bytes) -> None:
+    def _append(self, *parts: bytes) -> None:
         if self._closed:
             raise ValueError(f"changelog {self.path} is already finished")
-        self._buf += record
+        before = len(self._buf)
+        for part in parts:  # into the frame buffer directly: one copy per byte
+            self._buf += part
         self.records += 1
-        self.raw_bytes += len(record)
+        self.raw_bytes += len(self._buf) - before
         if len(self._buf) >= FRAME_BYTES:
             self._flush_frame()
 
     def _flush_frame(self) -> None:
         if not self._buf:
             return
-        raw = bytes(self._buf)
-        self._buf.clear()
-        self._crc_raw = zlib.crc32(raw, self._crc_raw)
-        stored = snappy.compress(raw)
+        self._crc_raw = zlib.crc32(self._buf, self._crc_raw)
+        stored = snappy.compress(self._buf)
+        self._buf = bytearray()
         self._emit(_FRAME.pack(len(stored), zlib.crc32(stored)) + stored)
 
     def _emit(self, data: bytes) -> None:
@@ -141,12 +143,14 @@ class ChangelogWriter:
     # --- lifecycle ----------------------------------------------------------------------
 
     def finish(self) -> ChangelogStats:
-        """Write the last frame and the footer, fsync and close; returns size and CRC32."""
+        """Write the last frame and the footer and close; returns size and CRC32.
+
+        No fsync: the durable copy is what counts, and a local copy is used only after its
+        size and CRC32 match the manifest's.
+        """
         self._flush_frame()
         self._emit(struct.pack("<I", 0) + _FOOTER.pack(self.records, self.raw_bytes,
                                                        self._crc_raw))
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
         self._fh.close()
         self._closed = True
         return ChangelogStats(self._size, format_crc32(self._crc_file), self.records,
