@@ -366,7 +366,12 @@ class PartitionCheckpointer:
         try:
             stats = rec.finish()
             os.replace(rec.path, local_log)
-            lineage, adoption = try_adopt(self.store, Lineage.of(base), self.partition, n,
+            lineage = Lineage.of(base)
+            if base is not None and base.partition != self.partition:
+                # rescaled: the old partition's materialization in flight is not ours to
+                # adopt (its changelogs, replayed before this batch's, still are the state)
+                lineage = lineage.without_pending()
+            lineage, adoption = try_adopt(self.store, lineage, self.partition, n,
                                           self.options.materialize_interval)
             if materialization_due(lineage, n, stats.size, self.options.materialize_interval,
                                    self.options.materialize_changelog_ratio):
