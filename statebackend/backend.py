@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql import DataFrame, GroupedData, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import StructType
 
 from .checkpoint.manifest import check_component
@@ -123,6 +124,9 @@ class RocksDBStateBackend:
         op_id = operator_id or _default_operator_id(statefulProcessor)
         config = self._config(df, keys, op_id)
         config.extra["ticks"] = ticks
+        # as Spark: in event-time mode input at or before the watermark for late events
+        # never reaches the processor
+        config.extra["drop_late"] = mode == "EventTime"
         as_rows = flavour == "row"
         processor = statefulProcessor
         initial_pdf_holder: dict[str, Any] = {}
@@ -163,6 +167,8 @@ class RocksDBStateBackend:
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
         config.extra["ticks"] = ticks
+        # as Spark: with an event-time timeout, late input never reaches the function
+        config.extra["drop_late"] = timeout == GroupStateTimeout.EventTimeTimeout
         state_schema = _struct(df.sparkSession, stateStructType)
 
         def process(backend, groups, ctx, decode):
@@ -270,14 +276,16 @@ class RocksDBStateBackend:
             if not was_pinned:
                 coord.unpin(checkpoint_id)
 
-    def complete(self, operator_id: str | None = None) -> list:
+    def complete(self, operator_id: str | None = None, *, up_to: int | None = None) -> list:
         """Complete every checkpoint whose partitions have all published (idempotent).
 
         Streaming queries do this automatically after every micro-batch; batch jobs call it
-        after their action, or let the next run do it."""
+        after their action, or let the next run do it. ``up_to``: a micro-batch id Spark
+        has finished; checkpoints before it with nothing published were micro-batches in
+        which the operator ran no task (see :func:`complete_pending`)."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            done.extend(complete_pending(self.coordinator(op)))
+            done.extend(complete_pending(self.coordinator(op), up_to=up_to))
         return done
 
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
@@ -444,15 +452,25 @@ class RocksDBStateBackend:
         register_backend(spark, self)
 
 
-def complete_pending(coordinator) -> list:
+def complete_pending(coordinator, up_to: int | None = None) -> list:
     """Complete, in order, every checkpoint after the latest completed one that all
-    partitions have published (a driver that crashed or missed events catches up here)."""
+    partitions have published (a driver that crashed or missed events catches up here).
+
+    Spark runs no task of the operator in a micro-batch whose input is empty as planned
+    (an empty file, a no-data batch: the optimizer prunes the plan), so such a checkpoint
+    id has nothing published. Given ``up_to``, a batch id Spark has finished, such ids are
+    passed over; a later checkpoint is still completed only once every partition published
+    it, which proves Spark committed the batches before it.
+    """
     done = []
     latest = coordinator.latest()
     n = 0 if latest is None else latest.checkpoint_id + 1
     while True:
         record = coordinator.try_complete(n)
         if record is None:
+            if up_to is not None and n < up_to and not coordinator.anything_published(n):
+                n += 1
+                continue
             break
         done.append(record)
         # aggregated, written beside the checkpoint and logged once; never raises

@@ -4,9 +4,18 @@ Every error the package raises on purpose derives from :class:`StateBackendError
 caller can catch "anything statebackend refused". Subclasses also inherit the builtin
 exception they refine (``ValueError``, ``OSError``, ...), so existing ``except`` clauses
 keep working. Messages say what was expected, what was found, and what to do.
+
+Errors the state API raises into user code (:class:`StateError`, :class:`SchemaError`) are
+also instances of the class PySpark raises in the same situation: Spark's own state clients
+raise ``PySparkRuntimeError`` for every failed state call, so a processor written for
+``transformWithStateInPandas`` that catches it (or ``PySparkException``) keeps working on
+this backend. That is the one reason this module imports ``pyspark.errors`` (light: no JVM,
+no session); every other use of pyspark lives in :mod:`statebackend.spark`.
 """
 
 from __future__ import annotations
+
+from pyspark.errors import PySparkRuntimeError, PySparkTypeError
 
 
 class StateBackendError(Exception):
@@ -47,12 +56,18 @@ class IncompatibleStateError(StateBackendError, ValueError):
 # --- state API ---------------------------------------------------------------------
 
 
-class StateError(StateBackendError):
-    """Misuse of the state API (no current key, unknown state, wrong value shape)."""
+class StateError(StateBackendError, PySparkRuntimeError):
+    """Misuse of the state API (no current key, unknown state, wrong value shape).
+
+    A ``pyspark.errors.PySparkRuntimeError`` too, as Spark's own state calls raise.
+    """
 
 
-class SchemaError(StateError, TypeError):
-    """A value does not match the schema declared for its state."""
+class SchemaError(StateError, PySparkTypeError):
+    """A value does not match the schema declared for its state.
+
+    Also a ``PySparkTypeError`` (and so a ``TypeError``).
+    """
 
 
 # --- storage and checkpoints -------------------------------------------------------

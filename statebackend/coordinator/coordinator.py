@@ -337,6 +337,11 @@ class CheckpointCoordinator:
         self._after_change()
         return record
 
+    def anything_published(self, checkpoint_id: int) -> bool:
+        """Whether any attempt of any partition wrote anything for ``checkpoint_id`` (one
+        bounded listing of that checkpoint's directory)."""
+        return bool(self._list(checkpoint_dir(checkpoint_id)))
+
     def _choose(self, checkpoint_id: int, partition: int) -> PartitionManifest | None:
         d = f"{checkpoint_dir(checkpoint_id)}/p{partition}"
         listing = set(self._list(d))

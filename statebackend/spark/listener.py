@@ -24,12 +24,12 @@ class _SessionListener(StreamingQueryListener):
         with self._lock:
             self._backends[backend.checkpoint_location] = backend
 
-    def _complete_all(self) -> None:
+    def _complete_all(self, up_to: int | None = None) -> None:
         with self._lock:
             backends = list(self._backends.values())
         for backend in backends:
             try:
-                backend.complete()
+                backend.complete(up_to=up_to)
             except Exception:  # a listener must never kill the listener bus
                 log.exception("statebackend: completing checkpoints of %s failed (will retry "
                               "next batch)", backend.checkpoint_location)
@@ -38,7 +38,9 @@ class _SessionListener(StreamingQueryListener):
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        self._complete_all()
+        # the batch just finished: ids before it with nothing published ran no task of ours
+        batch = getattr(getattr(event, "progress", None), "batchId", None)
+        self._complete_all(int(batch) if batch is not None else None)
 
     def onQueryIdle(self, event: Any) -> None:
         pass

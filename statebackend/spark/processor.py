@@ -28,16 +28,41 @@ from ..errors import StateError
 from ..state.backend import KeyedStateBackend
 from .task import BatchContext, KeyGroups
 
+_INVALID_HANDLE_STATE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE"
+_INVALID_TIME_MODE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE"
+
 
 class RocksDBProcessorHandle(StatefulProcessorHandle):
     """The handle a processor's ``init`` receives: states live in our RocksDB instance.
 
-    The states returned here follow the implicit current key, exactly as PySpark's do.
+    The states returned here follow the implicit current key, exactly as PySpark's do. The
+    handle goes through Spark's phases (``CREATED`` during ``init``, then ``INITIALIZED``,
+    ``DATA_PROCESSED`` while timers fire, ``TIMER_PROCESSED`` in ``close``) and refuses
+    what Spark refuses in each, with Spark's error condition in the message and as a
+    ``PySparkRuntimeError``: states are declared or deleted only in ``init``, timers need a
+    time mode and a key.
     """
 
     def __init__(self, backend: KeyedStateBackend, time_mode: str = "None") -> None:  # noqa: D107
         self._backend = backend
         self._time_mode = time_mode
+        self.phase = "CREATED"
+
+    def _require_init(self, operation: str, what: str) -> None:
+        if self.phase != "CREATED":
+            raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
+                             f"stateful processor operation={operation} with invalid handle "
+                             f"state={self.phase}. States are declared and deleted in init().")
+
+    def _require_timers(self, operation: str, what: str) -> None:
+        if self._time_mode.lower() == "none":
+            raise StateError(f"Error {what}: [{_INVALID_TIME_MODE}] Failed to perform stateful "
+                             f"processor operation={operation} with invalid timeMode=NoTime. "
+                             f"Use timeMode 'ProcessingTime' or 'EventTime'.")
+        if self.phase == "CREATED":
+            raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
+                             f"stateful processor operation={operation} with invalid handle "
+                             f"state=CREATED. Timers need a key: use them in handleInputRows.")
 
     def _ttl(self, state: str, ttl: int | None) -> int | None:
         # as Spark: TTL is measured in processing time, which timeMode "None" does not have
@@ -47,28 +72,35 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
         return ttl
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
+        self._require_init("get_value_state", "initializing value state")
         return self._backend.value_state(stateName, schema,
                                          ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
+        self._require_init("get_list_state", "initializing list state")
         return self._backend.list_state(stateName, schema,
                                         ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,
                     ttlDurationMs: int | None = None):
+        self._require_init("get_map_state", "initializing map state")
         return self._backend.map_state(stateName, userKeySchema, valueSchema,
                                        ttl_ms=self._ttl(stateName, ttlDurationMs))
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
+        self._require_timers("register_timer", "register timer")
         self._backend.register_timer(int(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
+        self._require_timers("delete_timer", "deleting timer")
         self._backend.delete_timer(int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:
+        self._require_timers("list_timers", "listing timers")
         return iter(list(self._backend.list_timers()))
 
     def deleteIfExists(self, stateName: str) -> None:
+        self._require_init("delete_if_exists", "deleting state")
         self._backend.delete_state(stateName)
 
 
@@ -98,7 +130,9 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
                   initial: KeyGroups | None = None) -> list:
     """Drive one batch of one partition; returns the outputs (frames, or Rows)."""
     out: list = []
-    processor.init(RocksDBProcessorHandle(backend, time_mode))
+    handle = RocksDBProcessorHandle(backend, time_mode)
+    processor.init(handle)
+    handle.phase = "INITIALIZED"
     tv = timer_values(ctx, time_mode)
     try:
         if initial is not None:
@@ -120,13 +154,16 @@ def run_processor(processor: StatefulProcessor, backend: KeyedStateBackend, grou
         mode = time_mode.lower()
         threshold = (ctx.processing_time_ms if mode == "processingtime"
                      else ctx.watermark_ms if mode == "eventtime" else None)
+        handle.phase = "DATA_PROCESSED"
         if threshold is not None and threshold >= 0:
             for key, ts in backend.pop_expired_timers(threshold):
                 backend.set_current_key(key)
                 _collect(processor.handleExpiredTimer(decode_key(key), tv, ExpiredTimerInfo(ts)),
                          out, as_rows)
+        handle.phase = "TIMER_PROCESSED"
     finally:
         processor.close()
+        handle.phase = "CLOSED"
     return out
 
 

@@ -41,6 +41,7 @@ from .task import (
     TaskInput,
     check_rows_belong,
     decode_key,
+    event_time_ms,
     group_by_key,
     kg_range_of,
     local_root,
@@ -129,21 +130,26 @@ class Restored:
     first: bool  # no state existed before this batch (initial state applies)
     max_event_time_ms: int | None
     record: CompletedCheckpoint | None = None  # of the previous checkpoint, if completed
+    prev_id: int = -1  # the checkpoint restored: the last batch before this one that ran
 
 
 def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
-                    open_instance: Callable[[str], RocksDBInstance]) -> Restored:
+                    open_instance: Callable[[str], RocksDBInstance],
+                    prev: int | None = None) -> Restored:
     """Open the state committed for ``checkpoint_id - 1`` as this partition's instance.
 
     Three cases: the same layout (restore that partition's manifest); a completed
     checkpoint written with another parallelism (assemble the new key-group range from
     the overlapping old partitions); no state yet and a savepoint configured (read the
-    range's key-group blocks from it).
+    range's key-group blocks from it). Micro-batches in which the operator ran no task
+    (see :func:`last_batch_that_ran`) are passed over: ``prev`` is then the batch before
+    them.
     """
     from ..recovery.rescale import restore_from_savepoint, restore_rescaled
 
     partition = checkpointer.partition
-    prev = checkpoint_id - 1
+    if prev is None:
+        prev = checkpoint_id - 1
     record = read_completed_record(store, prev) if prev >= 0 else None
     if record is not None and record.parallelism != config.parallelism:
         inst, rmetrics, sources = restore_rescaled(
@@ -151,10 +157,16 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
             local_root(config.options), open_instance)
         ets = [int(m.metrics["max_event_time_ms"]) for m in sources
                if m.metrics.get("max_event_time_ms") is not None]
-        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record)
+        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record,
+                        prev)
     kg_range = kg_range_of(config, partition)
     base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
-    if base is None and checkpoint_id > 0:
+    if base is None and record is None and prev >= 0:
+        ran = last_batch_that_ran(store, prev)
+        if ran != prev:
+            return obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
+                                   prev=ran)
+    if base is None and prev >= 0:
         check_continuity(store, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
         raise IncompatibleStateError(
@@ -174,10 +186,37 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
         inst, smetrics = restore_from_savepoint(checkpointer, reader, config.parallelism,
                                                 config.max_parallelism)
         et = reader.manifest.metrics.get("max_event_time_ms")
-        return Restored(inst, smetrics, None, False, None if et is None else int(et), record)
+        return Restored(inst, smetrics, None, False, None if et is None else int(et), record,
+                        prev)
     inst, rmetrics = checkpointer.restore(base)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
-    return Restored(inst, rmetrics, base, base is None, et, record)
+    return Restored(inst, rmetrics, base, base is None, et, record, prev)
+
+
+def last_batch_that_ran(store, prev: int) -> int:
+    """``prev``, or the latest earlier batch with anything published when ``prev`` and the
+    batches between have nothing at all (-1: none has).
+
+    Spark runs no task of a ``mapInPandas`` whose whole input is empty as planned (an empty
+    file, a no-data micro-batch): the optimizer prunes it, so that micro-batch publishes no
+    manifest for any partition while Spark still commits it. Its state is the state of the
+    batch before it. A batch with something published is never passed over (a partition
+    missing from it is an error, raised by the caller). Costs one listing of one
+    checkpoint's directory per batch passed over, and runs only when ``prev`` has neither
+    a record nor a manifest of this partition.
+    """
+    from ..checkpoint.manifest import checkpoint_dir
+
+    try:
+        completed = [int(n.rsplit("chk-", 1)[1].split(".")[0])
+                     for n in store.list_dir("_checkpoints") if "chk-" in n]
+    except FileNotFoundError:
+        completed = []
+    floor = max([c for c in completed if c <= prev], default=-1)
+    n = prev
+    while n > floor and not store.list_dir(checkpoint_dir(n)):
+        n -= 1
+    return n
 
 
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
@@ -217,8 +256,16 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     try:
         max_et = _max_opt(restored.max_event_time_ms, source.max_event_time_ms)
         wm = -1
+        late_dropped = 0
         if config.watermark is not None:
-            wm = watermark_for(store, config, checkpoint_id - 1, base, restored.record)
+            prev = restored.prev_id
+            wm = watermark_for(store, config, prev, base, restored.record)
+            if per_key and config.extra.get("drop_late") and first is not None:
+                # after micro-batches that ran no task the previous batch's watermark was
+                # already this one (no event time arrived since)
+                late_wm = (late_watermark(store, config, checkpoint_id, base)
+                           if prev == checkpoint_id - 1 else wm)
+                first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
@@ -252,6 +299,10 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                                "flush": _ms(t_process, t_flush)}}
         if max_et is not None:
             metrics["max_event_time_ms"] = int(max_et)
+        if config.watermark is not None:
+            # the next batch drops input at or before this watermark (Spark's rule)
+            metrics["watermark_ms"] = int(wm)
+            metrics["late_rows_dropped"] = late_dropped
         checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
                                 backend.descriptors(), base_manifest=base, extra_metrics=metrics)
     finally:
@@ -349,6 +400,39 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     if latest is None or config.watermark is None:
         return 0
     return max(0, latest - config.watermark[1])
+
+
+def late_watermark(store, config: OperatorConfig, checkpoint_id: int,
+                   base: PartitionManifest | None) -> int:
+    """The watermark for late events of batch ``checkpoint_id``: the watermark the previous
+    batch ran with, as Spark's stateful operators use it to drop late input.
+
+    Every task records the watermark it used in its manifest, so it is read from the base
+    (b-1). A base without it (written before that, or a start from a savepoint) falls back
+    to deriving it from the manifests of b-2, as :func:`watermark_for` derives b-1's.
+    """
+    if checkpoint_id < 1:
+        return 0
+    recorded = base.metrics.get("watermark_ms") if base is not None else None
+    if recorded is not None:
+        return int(recorded)
+    prev_prev = checkpoint_id - 2
+    if prev_prev < 0:
+        return 0
+    record = read_completed_record(store, prev_prev)
+    return watermark_for(store, config, prev_prev, None, record)
+
+
+def drop_late_rows(pdf: pd.DataFrame, column: str, late_wm: int) -> tuple[pd.DataFrame, int]:
+    """``pdf`` without the rows whose event time is at or before ``late_wm`` (ms), and how
+    many were dropped. Rows with a null event time are kept, as Spark keeps them."""
+    if column not in pdf.columns or not len(pdf):
+        return pdf, 0
+    late = event_time_ms(pdf[column]) <= late_wm
+    n = int(late.sum())
+    if not n:
+        return pdf, 0
+    return pdf[~late].reset_index(drop=True), n
 
 
 def _ms(start: float, end: float) -> float:

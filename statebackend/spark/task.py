@@ -91,15 +91,20 @@ class KeyGroups:
         return len(self.keys)
 
     def rows(self, i: int) -> pd.DataFrame:
-        return self.frame.iloc[int(self.starts[i]):int(self.ends[i])]
+        """The rows of key ``i``, indexed from 0 as Spark hands each key's frame."""
+        return self.frame.iloc[int(self.starts[i]):int(self.ends[i])].reset_index(drop=True)
 
     def slicer(self) -> Callable[[int], pd.DataFrame]:
         """``i -> rows of key i`` as a view of the sorted batch, for the per-key loop.
 
-        Slicing the block manager directly costs ~8 us per key here against ~12-17 us for
-        ``iloc``, which goes through pandas' indexing machinery every time; with a
-        processor that does nothing that is most of our per-key cost. Falls back to
-        :meth:`rows` on a pandas without these internals.
+        Each frame is indexed from 0, as Spark's operators hand it: user code written for
+        them reads ``pdf.at[0, "col"]`` or ``pdf.loc[0]``. Slicing the block manager
+        directly costs ~8 us per key here, against ~12-17 us for ``iloc`` plus
+        ``reset_index``; with a processor that does nothing that is most of our per-key
+        cost. The slice's index is the fresh ``RangeIndex`` pandas makes for every slice,
+        renumbered from 0 in place (a second index object per key would cost ~4,000
+        instructions, 7% of a no-op task: ``benchmarks/bench_instructions.py``). Falls back
+        to :meth:`rows` on a pandas without these internals.
         """
         frame = self.frame
         starts, ends = self.starts.tolist(), self.ends.tolist()
@@ -107,12 +112,21 @@ class KeyGroups:
             mgr = frame._mgr
             from_mgr = type(frame)._from_mgr
             probe = mgr.get_slice(slice(0, 0), axis=1)
-            from_mgr(probe, axes=probe.axes)
-        except (AttributeError, TypeError):
+            index = probe.axes[1]
+            if type(index) is not pd.RangeIndex or index is mgr.axes[1] or index._cache:
+                return self.rows
+            index._range = range(0)
+            if not from_mgr(probe, axes=probe.axes).index.equals(pd.RangeIndex(0)):
+                return self.rows
+        except (AttributeError, TypeError, IndexError):
             return self.rows
 
         def rows(i: int) -> pd.DataFrame:
-            m = mgr.get_slice(slice(starts[i], ends[i]), axis=1)
+            start, end = starts[i], ends[i]
+            m = mgr.get_slice(slice(start, end), axis=1)
+            # get_slice made this index object for this slice alone and nothing has read
+            # it yet (no cached values): renumbering it touches no other frame
+            m.axes[1]._range = range(end - start)
             return from_mgr(m, axes=m.axes)
 
         return rows
@@ -295,6 +309,17 @@ class TaskInput:
                 parts, n = [], 0
             if raw is None:
                 return
+
+
+def event_time_ms(column: pd.Series) -> np.ndarray:
+    """Event times in epoch ms as float64 (NaN where null), read the way
+    :class:`TaskInput` reads them for the watermark, so the two always agree."""
+    ts = pd.to_datetime(column)
+    if getattr(ts.dt, "tz", None) is not None:
+        ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+    ns = ts.astype("datetime64[ns]").to_numpy().view(np.int64).astype(np.float64)
+    ns[ts.isna().to_numpy()] = np.nan
+    return np.floor(ns / 1_000_000)
 
 
 def kg_range_of(config: OperatorConfig, partition: int):

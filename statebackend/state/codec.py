@@ -8,7 +8,10 @@ Layout of one encoded row::
 Fixed-width fields (boolean, integers, floats, date as int32 days, timestamps as int64
 microseconds) are packed with one ``struct`` call; a null fixed field is packed as zero and
 flagged in the bitmap. Strings are UTF-8; decimals are their unscaled integer as signed
-big-endian bytes; arrays are ``varint count, bitmap, elements``.
+big-endian bytes; arrays are ``varint count, bitmap, elements``; a struct is one encoded
+row of its fields (this same layout, nested); a map is ``varint length`` + its keys as an
+array + its values as an array. Complex types nest to any depth; they decode as Spark hands
+them to Python: arrays as lists, maps as dicts, structs as ``pyspark.sql.Row``.
 
 The encoder and decoder of a schema are generated Python functions, compiled once per
 state, because this is the per-row hot path: a generated function does one ``struct`` call
@@ -133,8 +136,14 @@ def _to_binary(v: Any) -> bytes:
     raise _Bad(f"expected bytes, got {_describe(v)}")
 
 
+#: Decimal arithmetic wide enough for DECIMAL(38, s) whatever the thread's context says
+#: (Python's default precision is 28 digits: it would round or refuse wider values).
+_DECIMAL_CONTEXT = decimal.Context(prec=80, Emax=999_999, Emin=-999_999)
+
+
 def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
-    quantum = decimal.Decimal(1).scaleb(-scale)
+    ctx = _DECIMAL_CONTEXT
+    quantum = decimal.Decimal(1).scaleb(-scale, context=ctx)
     limit = 10 ** precision
 
     def enc(v: Any) -> bytes:
@@ -143,8 +152,8 @@ def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
         d = decimal.Decimal(v)
         if not d.is_finite():
             raise _Bad(f"decimal {v} is not finite")
-        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP)
-        unscaled = int(q.scaleb(scale))
+        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP, context=ctx)
+        unscaled = int(q.scaleb(scale, context=ctx))
         if abs(unscaled) >= limit:
             raise _Bad(f"{v} does not fit DECIMAL({precision},{scale})")
         return unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
@@ -153,8 +162,10 @@ def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
 
 
 def _decimal_decoder(scale: int) -> Callable[[bytes], decimal.Decimal]:
+    ctx = _DECIMAL_CONTEXT
+
     def dec(b: bytes) -> decimal.Decimal:
-        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale)
+        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale, context=ctx)
     return dec
 
 
@@ -190,13 +201,25 @@ def _scalar_encoder(t: DataType) -> Callable[[Any], Any]:
         return _decimal_encoder(t.precision, t.scale)
     if t.name == "array":
         return _array_encoder(t)
+    if t.name == "map":
+        return _map_encoder(t)
+    if t.name == "struct":
+        return _struct_encoder(t)
     raise SchemaError(f"unsupported type {t.ddl()}")
 
 
 def _scalar_decoder(t: DataType) -> Callable[[Any], Any] | None:
+    """``bytes (or the unpacked fixed value) -> Python value``; None: kept as unpacked."""
+    if t.name == "decimal":
+        return _decimal_decoder(t.scale)
+    if t.name == "array":
+        return _array_decoder(t)
+    if t.name == "map":
+        return _map_decoder(t)
+    if t.name == "struct":
+        return _struct_decoder(t)
     return {"date": _from_days, "timestamp": _from_micros, "timestamp_ntz": _from_micros,
-            "string": lambda b: b.decode("utf-8"), "binary": bytes}.get(t.name) or (
-        _decimal_decoder(t.scale) if t.name == "decimal" else None)
+            "string": lambda b: b.decode("utf-8"), "binary": bytes}.get(t.name)
 
 
 # --- arrays -----------------------------------------------------------------------------
@@ -269,6 +292,88 @@ def _array_decoder(t: DataType) -> Callable[[bytes], list[Any]]:
                 if bits >> i & 1:
                     vals[i] = None
         return vals
+
+    return dec
+
+
+# --- maps and structs -------------------------------------------------------------------
+
+
+def _map_arrays(t: DataType) -> tuple[DataType, DataType]:
+    assert t.key is not None and t.value is not None
+    return (DataType("array", element=t.key, contains_null=False),
+            DataType("array", element=t.value, contains_null=t.value_contains_null))
+
+
+def _map_encoder(t: DataType) -> Callable[[Any], bytes]:
+    keys_t, values_t = _map_arrays(t)
+    enc_keys, enc_values = _array_encoder(keys_t), _array_encoder(values_t)
+
+    def enc(v: Any) -> bytes:
+        items = getattr(v, "items", None)
+        if items is None:
+            raise _Bad(f"expected a dict for {t.ddl()}, got {_describe(v)}")
+        pairs = list(items())
+        try:
+            kb = enc_keys([k for k, _ in pairs])
+        except _Bad as exc:
+            raise _Bad(f"map key: {exc}") from None
+        try:
+            vb = enc_values([x for _, x in pairs])
+        except _Bad as exc:
+            raise _Bad(f"map value: {exc}") from None
+        return encode_varint(len(kb)) + kb + vb
+
+    return enc
+
+
+def _map_decoder(t: DataType) -> Callable[[bytes], dict[Any, Any]]:
+    keys_t, values_t = _map_arrays(t)
+    dec_keys, dec_values = _array_decoder(keys_t), _array_decoder(values_t)
+
+    def dec(b: bytes) -> dict[Any, Any]:
+        n, pos = decode_varint(b, 0)
+        return dict(zip(dec_keys(b[pos:pos + n]), dec_values(b[pos + n:])))
+
+    return dec
+
+
+def _struct_codec(t: DataType) -> RowCodec:
+    assert t.fields is not None
+    return RowCodec(Schema(t.fields), t.ddl())
+
+
+def _struct_encoder(t: DataType) -> Callable[[Any], bytes]:
+    encode = _struct_codec(t).encode
+
+    def enc(v: Any) -> bytes:
+        if v.__class__ is not tuple and not isinstance(v, (tuple, list, dict)):
+            raise _Bad(f"expected a Row, tuple or dict for {t.ddl()}, got {_describe(v)}")
+        try:
+            return encode(v)
+        except SchemaError as exc:
+            raise _Bad(str(exc)) from None
+
+    return enc
+
+
+def _row_factory(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    """Structs come back as ``pyspark.sql.Row`` with field names, as Spark's state calls
+    return them (a plain tuple where pyspark is not importable)."""
+    try:
+        from pyspark.sql.types import _create_row
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return tuple
+    cols = list(names)
+    return lambda values: _create_row(cols, values)
+
+
+def _struct_decoder(t: DataType) -> Callable[[bytes], Any]:
+    codec = _struct_codec(t)
+    decode, make = codec.decode, _row_factory(codec.schema.names)
+
+    def dec(b: bytes) -> Any:
+        return make(decode(b))
 
     return dec
 
@@ -427,8 +532,7 @@ class RowCodec:
             elif t == "binary":
                 dec.append(f"        a{i} = buf[pos:pos + ln]")
             else:
-                ns[f"_dec{i}"] = (_array_decoder(fields[i].type) if t == "array"
-                                  else _decimal_decoder(fields[i].type.scale))
+                ns[f"_dec{i}"] = _scalar_decoder(fields[i].type)
                 dec.append(f"        a{i} = _dec{i}(buf[pos:pos + ln])")
             dec.append("        pos += ln")
         for i in fixed_idx:

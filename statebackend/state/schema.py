@@ -6,7 +6,9 @@ A schema is a list of named, typed fields, declared either as a pyspark ``Struct
 SparkSession, is what lets a Python worker declare state without a JVM.
 
 Supported types: string, binary, boolean, tinyint, smallint, int, bigint, float, double,
-date, timestamp, timestamp_ntz, decimal(p, s) and array<one of those>.
+date, timestamp, timestamp_ntz, decimal(p, s), and the complex types nested to any depth:
+``array<T>``, ``map<K, V>`` and ``struct<name: T, ...>`` (Spark's own state schemas accept
+the same).
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ _ALIASES = {
     "timestamp_ntz": "timestamp_ntz",
     "decimal": "decimal", "dec": "decimal", "numeric": "decimal",
     "array": "array",
+    "map": "map",
+    "struct": "struct",
 }
 
-PRIMITIVES = frozenset(_ALIASES.values()) - {"array"}
+COMPLEX = frozenset({"array", "map", "struct"})
+PRIMITIVES = frozenset(_ALIASES.values()) - COMPLEX
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,15 @@ class DataType:
     precision, scale : int
         For ``decimal`` only.
     element : DataType, optional
-        For ``array`` only: the element type (a primitive).
+        For ``array`` only: the element type (any type).
     contains_null : bool
         For ``array`` only: whether elements may be None.
+    key, value : DataType, optional
+        For ``map`` only: the key and value types.
+    value_contains_null : bool
+        For ``map`` only: whether values may be None (keys never are).
+    fields : tuple of Field, optional
+        For ``struct`` only: its fields, in order.
     """
 
     name: str
@@ -61,6 +72,10 @@ class DataType:
     scale: int = 0
     element: DataType | None = None
     contains_null: bool = True
+    key: DataType | None = None
+    value: DataType | None = None
+    value_contains_null: bool = True
+    fields: tuple[Field, ...] | None = None
 
     def ddl(self) -> str:
         if self.name == "decimal":
@@ -68,6 +83,12 @@ class DataType:
         if self.name == "array":
             assert self.element is not None
             return f"ARRAY<{self.element.ddl()}>"
+        if self.name == "map":
+            assert self.key is not None and self.value is not None
+            return f"MAP<{self.key.ddl()}, {self.value.ddl()}>"
+        if self.name == "struct":
+            assert self.fields is not None
+            return "STRUCT<" + ", ".join(f.ddl(colon=True) for f in self.fields) + ">"
         return self.name.upper()
 
 
@@ -79,10 +100,12 @@ class Field:
     type: DataType
     nullable: bool = True
 
-    def ddl(self) -> str:
+    def ddl(self, colon: bool = False) -> str:
+        """``name TYPE [NOT NULL]``; ``name: TYPE`` inside a struct type (``colon``)."""
         name = self.name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name) else \
             "`" + self.name.replace("`", "``") + "`"
-        return f"{name} {self.type.ddl()}" + ("" if self.nullable else " NOT NULL")
+        sep = ": " if colon else " "
+        return f"{name}{sep}{self.type.ddl()}" + ("" if self.nullable else " NOT NULL")
 
 
 @dataclass(frozen=True)
@@ -198,14 +221,27 @@ class _Parser:
         canon = _ALIASES.get(v.lower()) if kind == "ident" else None
         if canon is None:
             raise SchemaError(f"unsupported type {v!r} in schema {self.text!r}: supported are "
-                              f"{', '.join(sorted(PRIMITIVES))} and array<primitive>")
+                              f"{', '.join(sorted(PRIMITIVES))}, array<T>, map<K, V> and "
+                              f"struct<name: T, ...>")
         if canon == "array":
             self.expect("<")
             element = self.type()
             self.expect(">")
-            if element.name == "array":
-                raise SchemaError(f"nested arrays are not supported in schema {self.text!r}")
             return DataType("array", element=element)
+        if canon == "map":
+            self.expect("<")
+            key = self.type()
+            self.expect(",")
+            value = self.type()
+            self.expect(">")
+            return DataType("map", key=key, value=value)
+        if canon == "struct":
+            self.expect("<")
+            if self.accept(">"):
+                raise SchemaError(f"cannot parse schema {self.text!r}: a struct needs a field")
+            fields = tuple(self.fields(">"))
+            Schema(fields)  # the same checks as a top-level field list (duplicates)
+            return DataType("struct", fields=fields)
         if canon == "decimal":
             precision, scale = 10, 0
             if self.accept("("):
@@ -257,15 +293,28 @@ def parse_ddl(text: str) -> Schema:
 
 
 def _from_spark_type(dt: Any, where: str) -> DataType:
-    simple = dt.simpleString()
+    """A pyspark DataType, read by duck typing; complex types recursively, so the
+    nullability of elements, map values and struct fields is kept."""
+    if hasattr(dt, "elementType"):
+        return DataType("array", element=_from_spark_type(dt.elementType, where),
+                        contains_null=bool(getattr(dt, "containsNull", True)))
+    if hasattr(dt, "keyType") and hasattr(dt, "valueType"):
+        return DataType("map", key=_from_spark_type(dt.keyType, where),
+                        value=_from_spark_type(dt.valueType, where),
+                        value_contains_null=bool(getattr(dt, "valueContainsNull", True)))
+    if hasattr(dt, "fields") and hasattr(dt, "fieldNames"):
+        return DataType("struct", fields=_fields_of(dt, f"{where} struct"))
     try:
-        t = parse_type(simple)
+        return parse_type(dt.simpleString())
     except SchemaError as exc:
         raise SchemaError(f"{where}: {exc}") from None
-    if t.name == "array":
-        return DataType("array", element=t.element,
-                        contains_null=bool(getattr(dt, "containsNull", True)))
-    return t
+
+
+def _fields_of(struct: Any, where: str) -> tuple[Field, ...]:
+    fields = tuple(Field(f.name, _from_spark_type(f.dataType, f"{where} field {f.name!r}"),
+                         bool(f.nullable)) for f in struct.fields)
+    Schema(fields)
+    return fields
 
 
 def to_schema(schema: Any) -> Schema:
@@ -280,9 +329,6 @@ def to_schema(schema: Any) -> Schema:
         return schema
     if isinstance(schema, str):
         return parse_ddl(schema)
-    fields = getattr(schema, "fields", None)
-    if fields is not None:  # a pyspark StructType, read without importing pyspark
-        return Schema(tuple(
-            Field(f.name, _from_spark_type(f.dataType, f"field {f.name!r}"), bool(f.nullable))
-            for f in fields))
+    if getattr(schema, "fields", None) is not None:  # a pyspark StructType, duck typed
+        return Schema(_fields_of(schema, "schema"))
     raise SchemaError(f"expected a DDL string or a StructType as schema, got {type(schema).__name__}")

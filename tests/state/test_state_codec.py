@@ -56,8 +56,9 @@ def test_structtype_is_read_without_a_session() -> None:
     assert s.fields[2].type.contains_null is False
 
 
-@pytest.mark.parametrize("ddl", ["", "a MAP<INT,INT>", "a STRUCT<x:INT>", "a INT,", "a INT, a INT",
-                                 "a ARRAY<ARRAY<INT>>", "a DECIMAL(50,2)", "1a INT", "a INT b"])
+@pytest.mark.parametrize("ddl", ["", "a MAP<INT>", "a STRUCT<>", "a STRUCT<x INT, x INT>",
+                                 "a ARRAY<ARRAY<INT>", "a INT,", "a INT, a INT",
+                                 "a ARRAY<VOID>", "a DECIMAL(50,2)", "1a INT", "a INT b"])
 def test_bad_ddl_is_refused(ddl: str) -> None:
     with pytest.raises(SchemaError):
         parse_ddl(ddl)

@@ -1,0 +1,436 @@
+"""Processors and functions written the way users write them, for the fidelity suite.
+
+Each one leans on a corner of Spark's semantics a swap-in must reproduce: late rows
+dropped before the processor sees them, frames indexed from 0 (``.at[0, ...]``,
+``.loc[0]``), PySpark's exception classes, nested state types read back exactly as Spark
+returns them (``repr`` of the value is part of the output), null keys, keys seen once.
+They live in their own module because Spark workers unpickle them by module name.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import pandas as pd
+from pyspark.errors import PySparkException, PySparkRuntimeError, PySparkValueError
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+GAP_MS = 10_000
+EVENT_TIMEOUT = GroupStateTimeout.EventTimeTimeout
+NO_TIMEOUT = GroupStateTimeout.NoTimeout
+
+
+def ms(ts) -> int:
+    return int(pd.Timestamp(ts).value // 1_000_000)
+
+
+def key_repr(key) -> str:
+    return repr(tuple(key))
+
+
+def canon(v) -> str:
+    """``repr`` with map entries in key order: Spark hands a map value back in the order of
+    a JVM hash map, ours in insertion order (README, known differences); everything else,
+    types, Row field names and nulls included, must match exactly."""
+    if isinstance(v, dict):
+        items = sorted(v.items(), key=lambda kv: repr(kv[0]))
+        return "{" + ", ".join(f"{canon(k)}: {canon(x)}" for k, x in items) + "}"
+    if isinstance(v, Row) and hasattr(v, "__fields__"):
+        return "Row(" + ", ".join(f"{n}={canon(x)}" for n, x in zip(v.__fields__, v)) + ")"
+    if isinstance(v, list):
+        return "[" + ", ".join(canon(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return f"{type(v).__name__}(" + ", ".join(canon(x) for x in v) + ")"
+    return repr(v)
+
+
+# --- event time --------------------------------------------------------------------
+
+
+class EventSessions(StatefulProcessor):
+    """Sessions per key closed by an event-time timer GAP_MS after the last event."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.session = handle.getValueState("session", "start TIMESTAMP, last TIMESTAMP, n BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True)
+        first, last = pdf["ts"].min(), pdf["ts"].max()
+        cur = self.session.get()
+        if cur is not None:
+            self.handle.deleteTimer(ms(cur[1]) + GAP_MS)
+            first, last = min(first, pd.Timestamp(cur[0])), max(last, pd.Timestamp(cur[1]))
+        n = len(pdf) + (cur[2] if cur is not None else 0)
+        self.session.update((first.to_pydatetime(), last.to_pydatetime(), n))
+        self.handle.registerTimer(ms(last) + GAP_MS)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        start, last, n = self.session.get()
+        self.session.clear()
+        yield pd.DataFrame({"k": [key[0]], "v": [n],
+                            "s": [f"{start.isoformat()}..{last.isoformat()} "
+                                  f"wm={timerValues.getCurrentWatermarkInMs()}"]})
+
+    def close(self):
+        pass
+
+
+class MinMax(StatefulProcessor):
+    """Minimum and maximum of x per key (EventTime mode: late rows must not count)."""
+
+    def init(self, handle):
+        self.bounds = handle.getValueState("bounds", "lo BIGINT, hi BIGINT, n BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True)
+        lo, hi, n = int(pdf["x"].min()), int(pdf["x"].max()), len(pdf)
+        if self.bounds.exists():
+            olo, ohi, on = self.bounds.get()
+            lo, hi, n = min(lo, olo), max(hi, ohi), n + on
+        self.bounds.update((lo, hi, n))
+        yield pd.DataFrame({"k": [key[0]], "v": [n], "s": [f"{lo}..{hi}"]})
+
+    def close(self):
+        pass
+
+
+class RowMinMax(StatefulProcessor):
+    """MinMax in the Row flavour (``transformWithState``)."""
+
+    def init(self, handle):
+        self.bounds = handle.getValueState("bounds", "lo BIGINT, hi BIGINT, n BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        xs = [r.x for r in rows]
+        lo, hi, n = min(xs), max(xs), len(xs)
+        if self.bounds.exists():
+            olo, ohi, on = self.bounds.get()
+            lo, hi, n = min(lo, olo), max(hi, ohi), n + on
+        self.bounds.update((lo, hi, n))
+        yield Row(k=key[0], v=n, s=f"{lo}..{hi}")
+
+    def close(self):
+        pass
+
+
+def apply_sessions(key, pdfs, state):
+    """applyInPandasWithState with an event-time timeout: a session closes GAP_MS after
+    its last event; reads the first row of each frame by position."""
+    if state.hasTimedOut:
+        start, last, n = state.get
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "v": [n], "s": [f"closed {start}..{last}"]})
+        return
+    firsts = []
+    n, last = 0, None
+    for pdf in pdfs:
+        firsts.append(int(pdf.at[0, "x"]))
+        n += len(pdf)
+        m = pdf["ts"].max()
+        last = m if last is None else max(last, m)
+    if state.exists:
+        start, old_last, old_n = state.get
+        last, n = max(pd.Timestamp(old_last), last), n + old_n
+    else:
+        start = pdf.loc[0, "ts"]
+    state.update((pd.Timestamp(start).to_pydatetime(), last.to_pydatetime(), n))
+    state.setTimeoutTimestamp(ms(last) + GAP_MS)
+    yield pd.DataFrame({"k": [key[0]], "v": [n], "s": [f"open firsts={firsts}"]})
+
+
+class FirstSeen(StatefulProcessor):
+    """Deduplication: one output row per key, the first time it is seen (EventTime mode)."""
+
+    def init(self, handle):
+        self.seen = handle.getValueState("seen", "at TIMESTAMP")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True)
+        if self.seen.exists():
+            return iter([])
+        first = pdf.sort_values(["ts", "x"]).iloc[0]
+        self.seen.update((first["ts"].to_pydatetime(),))
+        return iter([pd.DataFrame({"k": [key[0]], "v": [int(first["x"])],
+                                   "s": [str(first["ts"])]})])
+
+    def close(self):
+        pass
+
+
+# --- frames by position, initial state -----------------------------------------------
+
+
+class InitialByPosition(StatefulProcessor):
+    """A running total that reads its initial state and its input by position."""
+
+    def init(self, handle):
+        self.total = handle.getValueState("total", "total BIGINT")
+
+    def handleInitialState(self, key, initialState, timerValues):
+        self.total.update((int(initialState.at[0, "init"]),))
+
+    def handleInputRows(self, key, rows, timerValues):
+        total = self.total.get()[0] if self.total.exists() else 0
+        heads = []
+        for pdf in rows:
+            heads.append(int(pdf.loc[0, "x"]))  # label 0: the frame's first row
+            total += int(pdf["x"].sum())
+        self.total.update((total,))
+        yield pd.DataFrame({"k": [key[0]], "v": [total], "s": [str(heads)]})
+
+    def close(self):
+        pass
+
+
+def apply_by_position(key, pdfs, state):
+    """applyInPandasWithState without timeout reading rows by label."""
+    firsts = [int(pdf.at[0, "x"]) for pdf in pdfs]
+    first, n = (state.get[0], state.get[1]) if state.exists else (firsts[0], 0)
+    state.update((first, n + len(firsts), str(firsts)))
+    yield pd.DataFrame({"k": [key[0]], "v": [first], "s": [str(firsts)]})
+
+
+def apply_catches(key, pdfs, state):
+    """applyInPandasWithState catching PySpark's exceptions, as functions written for Spark
+    do: ``state.get`` of a key without state, a timeout set without a timeout conf."""
+    n = sum(len(p) for p in pdfs)
+    outcomes = []
+    try:
+        prev = state.get[0]
+    except PySparkValueError as e:
+        prev = 0
+        outcomes.append(f"PySparkValueError {e.getCondition()}")
+    try:
+        state.setTimeoutDuration(1000)
+    except PySparkRuntimeError as e:
+        outcomes.append(f"PySparkRuntimeError {e.getCondition()}")
+    except PySparkException as e:
+        outcomes.append(f"{type(e).__name__} {e.getCondition()}")
+    state.update((prev + n,))
+    yield pd.DataFrame({"k": [key[0]], "v": [prev + n], "s": ["/".join(outcomes)]})
+
+
+# --- lists, maps, TTL ----------------------------------------------------------------
+
+
+class TopK(StatefulProcessor):
+    """The three largest x per key, kept in a list state."""
+
+    K = 3
+
+    def init(self, handle):
+        self.top = handle.getListState("top", "x BIGINT, tag STRING")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True)
+        cur = [tuple(t) for t in self.top.get()] if self.top.exists() else []
+        cand = cur + [(int(x), str(t)) for x, t in zip(pdf["x"], pdf["tag"])]
+        best = sorted(cand, key=lambda t: (-t[0], t[1]))[: self.K]
+        self.top.put(best)
+        yield pd.DataFrame({"k": [key[0]], "v": [best[0][0]], "s": [repr(best)]})
+
+    def close(self):
+        pass
+
+
+class RowTopK(StatefulProcessor):
+    """TopK in the Row flavour, appending and trimming."""
+
+    K = 3
+
+    def init(self, handle):
+        self.top = handle.getListState("top", "x BIGINT, tag STRING")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for r in rows:
+            self.top.appendValue((r.x, r.tag))
+        best = sorted((tuple(t) for t in self.top.get()), key=lambda t: (-t[0], t[1]))[: self.K]
+        self.top.clear()
+        self.top.appendList(best)
+        yield Row(k=key[0], v=best[0][0], s=repr(best))
+
+    def close(self):
+        pass
+
+
+class MapWithTtl(StatefulProcessor):
+    """Counts per tag in two map states: one whose entries expire 1 ms after each write
+    (so only this batch's tags survive) and one without TTL."""
+
+    def init(self, handle):
+        self.recent = handle.getMapState("recent", "tag STRING", "c BIGINT", 1)
+        self.all = handle.getMapState("all", "tag STRING", "c BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True)
+        for tag, c in pdf.groupby("tag").size().items():
+            for m in (self.recent, self.all):
+                old = m.getValue((tag,)) if m.containsKey((tag,)) else None
+                m.updateValue((tag,), (int(c) + (old[0] if old else 0),))
+        recent = sorted((k[0], v[0]) for k, v in self.recent.iterator())
+        everything = sorted((k[0], v[0]) for k, v in self.all.iterator())
+        yield pd.DataFrame({"k": [key[0]], "v": [len(everything)],
+                            "s": [f"recent={recent} all={everything}"]})
+
+    def close(self):
+        pass
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+class CatchesPySparkErrors(StatefulProcessor):
+    """Calls ``deleteIfExists`` outside ``init`` and catches PySpark's exception, as
+    processors written for Spark do (a cleanup attempted late, then carried on without).
+
+    Other misuses are left out because Spark's own Python client loses its connection to
+    the JVM after them (a wrongly typed update, a state used after ``deleteIfExists``), so
+    there is no Spark behaviour to compare with; tests/spark/test_fidelity.py checks ours.
+    """
+
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "c BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(pdf) for pdf in rows)
+        total = n + (self.count.get()[0] if self.count.exists() else 0)
+        self.count.update((total,))
+        try:
+            self.handle.deleteIfExists("count")
+            outcome = "ok"
+        except PySparkRuntimeError as e:
+            outcome = "PySparkRuntimeError " + str(e).split("[", 1)[1].split("]", 1)[0]
+        except PySparkException:
+            outcome = "PySparkException"
+        yield pd.DataFrame({"k": [key[0]], "v": [total], "s": [outcome]})
+
+    def close(self):
+        pass
+
+
+# --- nested and composite state types ------------------------------------------------
+
+NESTED_SCHEMA = (
+    "tags ARRAY<ARRAY<STRING>>, by_tag MAP<STRING, ARRAY<BIGINT>>, "
+    "stats STRUCT<n: BIGINT, last: STRUCT<x: BIGINT, at: TIMESTAMP>>, "
+    "amount DECIMAL(12,2), day DATE, raw BINARY, "
+    "events ARRAY<STRUCT<x: BIGINT, tag: STRING>>, "
+    "sub MAP<STRING, STRUCT<c: BIGINT, xs: ARRAY<BIGINT>>>, ntz TIMESTAMP_NTZ")
+
+
+def nested_next(old, xs: list[int], tags: list[str], at) -> tuple:
+    """The next nested value: every field changes with the input, nulls at several levels."""
+    if old is None:
+        tags_acc, by_tag, n, events, sub = [], {}, 0, [], {}
+    else:
+        tags_acc = [list(t) if t is not None else None for t in old[0]]
+        by_tag = {k: (list(v) if v is not None else None) for k, v in old[1].items()}
+        n = old[2][0]
+        events = [e for e in old[6]]
+        sub = {k: v for k, v in old[7].items()}
+    tags_acc = (tags_acc + [sorted(tags) + [None], None])[-4:]
+    for x, t in zip(xs, tags):
+        by_tag[t] = ((by_tag.get(t) or []) + [x])[-3:]
+    by_tag["none"] = None
+    n += len(xs)
+    events = (events + [Row(x=xs[0], tag=tags[0]), None])[-4:]
+    sub[tags[-1]] = Row(c=len(xs), xs=xs[:3] + [None])
+    sub["empty"] = Row(c=None, xs=None)
+    amount = decimal.Decimal(sum(xs)) / 4
+    return (tags_acc, by_tag, Row(n=n, last=Row(x=xs[-1], at=at.to_pydatetime())),
+            amount.quantize(decimal.Decimal("0.01")), dt.date(2026, 11, 1) + dt.timedelta(days=n % 7),
+            bytes([n % 256, 0, 255]), events, sub, dt.datetime(2026, 11, 24, 12, 0) +
+            dt.timedelta(seconds=n))
+
+
+class NestedState(StatefulProcessor):
+    """Keeps a deeply nested value per key and emits ``repr`` of what it reads back."""
+
+    def init(self, handle):
+        self.v = handle.getValueState("v", NESTED_SCHEMA)
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True).sort_values(["x", "tag"])
+        before = self.v.get()
+        self.v.update(nested_next(before, [int(x) for x in pdf["x"]], list(pdf["tag"]),
+                                  pdf["ts"].max()))
+        yield pd.DataFrame({"k": [key[0]], "v": [len(pdf)],
+                            "s": [canon(before) + " -> " + canon(self.v.get())]})
+
+    def close(self):
+        pass
+
+
+class RowNestedState(StatefulProcessor):
+    """NestedState in the Row flavour."""
+
+    def init(self, handle):
+        self.v = handle.getValueState("v", NESTED_SCHEMA)
+
+    def handleInputRows(self, key, rows, timerValues):
+        rs = sorted(rows, key=lambda r: (r.x, r.tag))
+        before = self.v.get()
+        self.v.update(nested_next(before, [r.x for r in rs], [r.tag for r in rs],
+                                  pd.Timestamp(max(r.ts for r in rs))))
+        yield Row(k=key[0], v=len(rs), s=canon(before) + " -> " + canon(self.v.get()))
+
+    def close(self):
+        pass
+
+
+class CompositeStates(StatefulProcessor):
+    """A list of structs and a map with a struct key and a struct value holding an array."""
+
+    def init(self, handle):
+        self.history = handle.getListState("history", "at TIMESTAMP, xs ARRAY<BIGINT>")
+        self.buckets = handle.getMapState("buckets", "tag STRING, bucket BIGINT",
+                                          "c BIGINT, xs ARRAY<BIGINT>")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows), ignore_index=True).sort_values(["x", "tag"])
+        self.history.appendValue((pdf["ts"].max().to_pydatetime(), [int(x) for x in pdf["x"]]))
+        for (tag, bucket), g in pdf.groupby(["tag", pdf["x"] // 50]):
+            uk = (tag, int(bucket))
+            old = self.buckets.getValue(uk) if self.buckets.containsKey(uk) else None
+            xs = [int(x) for x in g["x"]]
+            self.buckets.updateValue(uk, (len(xs) + (old[0] if old else 0),
+                                          ((list(old[1]) if old else []) + xs)[-3:]))
+        hist = [repr(tuple(h)) for h in self.history.get()]
+        buckets = sorted((repr(tuple(k)), repr(tuple(v))) for k, v in self.buckets.iterator())
+        yield pd.DataFrame({"k": [key[0]], "v": [len(hist)], "s": [f"{hist} {buckets}"]})
+
+    def close(self):
+        pass
+
+
+# --- null keys -----------------------------------------------------------------------
+
+
+class KeyEcho(StatefulProcessor):
+    """A running count that reports the key as the processor receives it (null keys)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "c BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(pdf) for pdf in rows)
+        total = n + (self.count.get()[0] if self.count.exists() else 0)
+        self.count.update((total,))
+        yield pd.DataFrame({"k": [key[0]], "v": [total], "s": [key_repr(key)]})
+
+    def close(self):
+        pass
+
+
+def apply_key_echo(key, pdfs, state):
+    """applyInPandasWithState: the running count and the key as received."""
+    n = sum(len(p) for p in pdfs)
+    total = n + (state.get[0] if state.exists else 0)
+    state.update((total,))
+    yield pd.DataFrame({"k": [key[0]], "v": [total], "s": [key_repr(key)]})
