@@ -143,6 +143,11 @@ class ByteMeter:
         return new
 
 
+OPTIONS: dict[str, str] = {}
+"""``--option`` values: StateBackendOptions of our systems, by Spark key without the
+``spark.statebackend.`` prefix (e.g. ``keep-instances-open``)."""
+
+
 def build_query(system: System, workload: str, backend: Any) -> Callable:
     """The function ``df -> result df`` for ``system`` on ``workload``."""
     import workloads as W
@@ -218,7 +223,8 @@ def run_one(spark, system: System, workload: str, input_dir: str, work: str, *,
     state_dir = os.path.join(work, "state-" + tag) if system.ours else os.path.join(ck, "state")
     backend = None
     if system.ours:
-        backend = RocksDBStateBackend(state_dir, StateBackendOptions(
+        backend = RocksDBStateBackend(state_dir, StateBackendOptions.from_spark_conf(
+            {f"spark.statebackend.{k}": v for k, v in OPTIONS.items()},
             parallelism=partitions, local_dir=os.path.join(work, "local-" + tag)))
     build = build_query(system, workload, backend)
     meter = ByteMeter(state_dir)
@@ -246,6 +252,15 @@ def run_one(spark, system: System, workload: str, input_dir: str, work: str, *,
         "mean_bytes_per_batch": float(np.mean(per_batch)) if per_batch else 0.0,
         "state_bytes": size, "output_rows": rows[0], "restart_ms": None,
     }
+    if system.ours:
+        from statebackend.metrics import read_metrics
+        from statebackend.storage import open_store
+
+        sources: dict[str, int] = {}
+        for line in read_metrics(open_store(state_dir), f"{system.name}-{workload}"):
+            for k, v in (line.get("restore_sources") or {}).items():
+                sources[k] = sources.get(k, 0) + int(v)
+        out["restore_sources"] = sources  # tasks per restore source over the run
     if restart:
         # one more small file: the batch that follows a restart pays the restore
         extra = os.path.join(work, "extra")
@@ -397,11 +412,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the whole plan this many times, interleaved, and report each "
                          "figure from the median run (a shared machine's noise is +-20%%)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of our systems by its Spark key without the "
+                         "'spark.statebackend.' prefix, e.g. keep-instances-open=true "
+                         "(repeatable)")
     ap.add_argument("--out", default="bench-out", help="directory for JSON and PNG files")
     ap.add_argument("--json", default=None, help="JSON path (default <out>/compare.json)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--option {item!r}: expected KEY=VALUE")
+        OPTIONS[key.strip()] = value.strip()
     if args.target:
         args.keys, args.events, args.batches = 10_000, 200_000, 10
         args.workloads = "count,noop"
@@ -427,12 +451,14 @@ def select_systems(spec: str) -> list[System]:
     return [BY_NAME[n] for n in names]
 
 
-def start_session(app: str, partitions: int, ui_port: int | None = None):
+def start_session(app: str, partitions: int, ui_port: int | None = None,
+                  master: str | None = None, conf: dict[str, str] | None = None):
     """The local[partitions] session every benchmark command runs in (the same confs, so
-    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port."""
+    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port;
+    ``master`` (e.g. ``local-cluster[2,1,1024]``) and ``conf`` for cluster benchmarks."""
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(f"local[{partitions}]").appName(app)
+    builder = (SparkSession.builder.master(master or f"local[{partitions}]").appName(app)
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(partitions))
@@ -445,6 +471,8 @@ def start_session(app: str, partitions: int, ui_port: int | None = None):
                    .config("spark.ui.port", str(ui_port))
                    .config("spark.ui.retainedStages", "100000")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -507,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"p50 {r['p50_ms'] or 0:,.0f} ms  p95 {r['p95_ms'] or 0:,.0f} ms  "
                   f"{fmt_bytes(r['mean_bytes_per_batch'])}/batch  "
                   f"state {fmt_bytes(r['state_bytes'])}  "
-                  f"restart {r['restart_ms'] or 0:,.0f} ms  load {r['load_avg_1m']:.1f}",
+                  f"restart {r['restart_ms'] or 0:,.0f} ms  load {r['load_avg_1m']:.1f}"
+                  + (f"  restores {r['restore_sources']}" if r.get("restore_sources") else ""),
                   flush=True)
     finally:
         spark.stop()

@@ -24,6 +24,7 @@ from .errors import IncompatibleStateError, OptionsError
 from .metrics import record_checkpoint
 from .options import StateBackendOptions, default_max_parallelism
 from .spark import plan
+from .spark.executor import DRIVER_ID
 from .spark.group_state import check_timeout_conf, run_group_function
 from .spark.processor import run_processor
 from .spark.runner import make_task
@@ -271,7 +272,7 @@ class RocksDBStateBackend:
         try:
             return create_savepoint(coord.store, operator_id, name, checkpoint_id=checkpoint_id,
                                     compression=opts.snapshot_compression,
-                                    local_root=opts.resolved_local_dir())
+                                    local_root=opts.resolved_local_dir(executor_id=DRIVER_ID))
         finally:
             if not was_pinned:
                 coord.unpin(checkpoint_id)
@@ -474,7 +475,8 @@ def complete_pending(coordinator, up_to: int | None = None) -> list:
             break
         done.append(record)
         # aggregated, written beside the checkpoint and logged once; never raises
-        record_checkpoint(coordinator.store, record)
+        record_checkpoint(coordinator.store, record, coordinator.chosen_manifests(n),
+                          coordinator.last_completion_requests)
         n += 1
     return done
 

@@ -139,10 +139,11 @@ def _record(store: DurableStore, op: str, checkpoint_id: int | None) -> Complete
 
 def _manifests(store: DurableStore, op: str, record: CompletedCheckpoint
                ) -> dict[int, PartitionManifest]:
-    from .storage.manifests import read_manifest
+    from .storage.manifests import read_manifests
 
-    return {p: read_manifest(store, rel, operator_id=op)
-            for p, rel in sorted(record.manifests.items())}
+    items = sorted(record.manifests.items())
+    return dict(zip([p for p, _ in items],
+                    read_manifests(store, [rel for _, rel in items], operator_id=op)))
 
 
 def _operators(store: DurableStore) -> list[str]:
@@ -210,7 +211,7 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
     tuple of (list of Problem, int, int)
         The problems, the number of distinct files checked and their recorded bytes.
     """
-    from .storage.manifests import read_manifest
+    from .storage.manifests import read_manifest, read_manifests
 
     records = _records(store, op)
     if checkpoint_ids is None:
@@ -224,19 +225,28 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
         if n not in records:
             raise CheckpointNotFoundError(f"checkpoint {n} of {op!r} is not a retained "
                                           f"completed checkpoint; retained: {sorted(records)}")
-        for p, rel in sorted(records[n].manifests.items()):
-            try:
-                m = read_manifest(store, rel, operator_id=op)
-            except StateBackendError as exc:
-                problems.append(Problem(n, p, rel, f"manifest unreadable ({exc})"))
+        items = sorted(records[n].manifests.items())
+        try:  # in parallel; one by one only to tell which manifest is bad
+            ms: list[Any] = read_manifests(store, [rel for _, rel in items], operator_id=op)
+        except StateBackendError:
+            ms = []
+            for _p, rel in items:
+                try:
+                    ms.append(read_manifest(store, rel, operator_id=op))
+                except StateBackendError as exc:
+                    ms.append(exc)
+        for (p, rel), m in zip(items, ms):
+            if isinstance(m, StateBackendError):
+                problems.append(Problem(n, p, rel, f"manifest unreadable ({m})"))
                 continue
             for f in m.files:
                 todo.setdefault(f.path, (n, p, f))
     done = 0
     total_bytes = 0
-    for path, (n, p, f) in sorted(todo.items()):
+    ordered = sorted(todo.items())
+    sizes = store.sizes([f"{op}/{path}" for path, _ in ordered])  # in parallel
+    for (path, (n, p, f)), got in zip(ordered, sizes):
         total_bytes += f.size
-        got = store.size(f"{op}/{path}")
         if got is None:
             problems.append(Problem(n, p, path, "missing"))
         elif got != f.size:

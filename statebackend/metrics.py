@@ -23,7 +23,10 @@ Durable layout (beside the checkpoints, under the operator root)::
 
 One immutable file per checkpoint (object stores cannot append). These files are written
 after the checkpoint completed and are not referenced by any record, so retention never
-depends on them; :func:`read_metrics` reads them back in checkpoint order.
+depends on them; :func:`read_metrics` reads them back in checkpoint order. The newest
+:data:`METRICS_KEPT` are kept: every :data:`METRICS_DELETE_EVERY` checkpoints, one bulk
+delete removes the ones that fell out of that window, so nothing grows with the number of
+checkpoints ever taken.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+from .storage.accounting import RequestCounts
 
 if TYPE_CHECKING:  # the executor imports this module: keep its imports light
     from .checkpoint.manifest import CompletedCheckpoint, PartitionManifest
@@ -57,6 +62,10 @@ __all__ = [
 log = logging.getLogger("statebackend.metrics")
 
 METRICS_DIR = "_metrics"
+#: Metrics files kept (checkpoints); older ones are deleted in batches.
+METRICS_KEPT = 1000
+#: One bulk delete of old metrics files per this many checkpoints.
+METRICS_DELETE_EVERY = 100
 _NAME = re.compile(r"^chk-(\d+)\.jsonl$")
 
 #: Metric name -> (RocksDB property, how to combine column families). Per-column-family
@@ -68,6 +77,9 @@ ROCKSDB_PROPERTIES: dict[str, tuple[str, str]] = {
     "memtable_bytes": ("rocksdb.cur-size-all-mem-tables", "sum"),
     "block_cache_bytes": ("rocksdb.block-cache-usage", "max"),
     "pending_compaction_bytes": ("rocksdb.estimate-pending-compaction-bytes", "sum"),
+    # the files every point read of the batch may check (compaction keeps it near its
+    # trigger only while the instance stays open long enough: keep_instances_open)
+    "l0_files": ("rocksdb.num-files-at-level0", "sum"),
 }
 
 
@@ -138,6 +150,9 @@ class PartitionStats:
     # where the task's time went before the snapshot, ms: input (reading the batch from
     # Spark), restore, group, process (the user's code), flush
     task_ms: Mapping[str, float] = field(default_factory=dict)
+    # object-store requests of the task (RequestCounts as dicts): "restore" (reading the
+    # committed state) and "checkpoint" (uploads and the manifest's PUT)
+    requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,10 +168,16 @@ class CheckpointStats:
     full_size, incremental_size : int
         Bytes the checkpoint references / bytes it uploaded.
     restore_sources : dict
-        Partition count per restore source (``working_dir``, ``local_copy``, ``durable``,
-        ``empty``).
+        Partition count per restore source (``resident``, ``working_dir``, ``local_copy``,
+        ``durable``, ``empty``).
     rocksdb : dict
         RocksDB properties summed over partitions (block cache: the maximum).
+    requests : dict
+        Object-store requests by phase, each a
+        :class:`~statebackend.storage.accounting.RequestCounts` dict (put, parts, get,
+        head, list, delete, bytes_up, bytes_down): ``checkpoint`` and ``restore`` summed
+        over the partitions' tasks, ``completion`` the driver's (listing, manifest reads,
+        record). A phase is absent when nothing counted it (a store without accounting).
     """
 
     operator_id: str
@@ -180,6 +201,7 @@ class CheckpointStats:
     restore_ms: float
     restore_bytes_downloaded: int
     rocksdb: Mapping[str, int]
+    requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     partitions: tuple[PartitionStats, ...] = ()
 
     def to_dict(self, partitions: bool = True) -> dict[str, Any]:
@@ -216,12 +238,17 @@ def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionSt
         incremental_size=m.incremental_size, restore_source=_source(restore),
         restore_ms=1000.0 * float(restore.get("duration_s", 0.0)),
         restore_bytes_downloaded=int(restore.get("bytes_downloaded", 0)), rocksdb=rocks,
-        task_ms={k: float(v) for k, v in (met.get("task_ms") or {}).items()})
+        task_ms={k: float(v) for k, v in (met.get("task_ms") or {}).items()},
+        requests={phase: RequestCounts.from_dict(met[key]).to_dict()
+                  for phase, key in (("restore", "restore_requests"),
+                                     ("checkpoint", "checkpoint_requests"))
+                  if met.get(key) is not None})
 
 
-def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest]
-              ) -> CheckpointStats:
-    """Fold the chosen manifests of a completed checkpoint into :class:`CheckpointStats`."""
+def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest],
+              completion_requests: RequestCounts | None = None) -> CheckpointStats:
+    """Fold the chosen manifests of a completed checkpoint into :class:`CheckpointStats`
+    (``completion_requests``: the driver's, when counted)."""
     ms = sorted(manifests, key=lambda m: m.partition)
     # Every task of a micro-batch sees the same batch timestamp; a partition without rows
     # falls back to its wall clock (later), so the minimum is the batch's trigger.
@@ -242,6 +269,12 @@ def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest
     if trigger is not None and published:
         e2e = float(max(0, max(published) - trigger))
     delays = [p.start_delay_ms for p in parts if p.start_delay_ms is not None]
+    requests: dict[str, RequestCounts] = {}
+    for p in parts:
+        for phase, counts in p.requests.items():
+            requests[phase] = requests.get(phase, RequestCounts()) + RequestCounts.from_dict(counts)
+    if completion_requests is not None:
+        requests["completion"] = completion_requests
     return CheckpointStats(
         operator_id=record.operator_id, checkpoint_id=record.checkpoint_id,
         parallelism=record.parallelism, trigger_ms=trigger,
@@ -259,7 +292,8 @@ def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest
         restore_sources=dict(sorted(sources.items())),
         restore_ms=max((p.restore_ms for p in parts), default=0.0),
         restore_bytes_downloaded=sum(p.restore_bytes_downloaded for p in parts),
-        rocksdb=dict(sorted(rocks.items())), partitions=parts)
+        rocksdb=dict(sorted(rocks.items())),
+        requests={k: v.to_dict() for k, v in sorted(requests.items())}, partitions=parts)
 
 
 def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
@@ -328,27 +362,46 @@ def write_metrics(store: DurableStore, s: CheckpointStats) -> str:
                                 sort_keys=True))
     rel = metrics_path(s.checkpoint_id)
     ostore = operator_store(store, s.operator_id)
-    if ostore.exists(rel):
-        return rel  # completion ran twice (listener and planning): same content, keep it
     ostore.put_bytes_atomic(rel, ("\n".join(lines) + "\n").encode())
     return rel
 
 
-def record_checkpoint(store: DurableStore, record: CompletedCheckpoint
+def record_checkpoint(store: DurableStore, record: CompletedCheckpoint,
+                      manifests: Iterable[PartitionManifest] | None = None,
+                      completion_requests: RequestCounts | None = None
                       ) -> CheckpointStats | None:
     """Aggregate, write and log the metrics of a just-completed checkpoint.
 
-    Never raises: metrics must not fail a completion that already happened.
+    ``manifests``: its chosen manifests when the caller holds them (the coordinator just
+    read them), so they are not read again; ``completion_requests``: the driver's requests
+    to complete it. Never raises: metrics must not fail a completion that already happened.
     """
     try:
-        s = checkpoint_stats(store, record.operator_id, record.checkpoint_id)
+        if manifests is None:
+            s = checkpoint_stats(store, record.operator_id, record.checkpoint_id)
+            if completion_requests is not None:
+                s = replace(s, requests={**s.requests,
+                                         "completion": completion_requests.to_dict()})
+        else:
+            s = aggregate(record, manifests, completion_requests)
         write_metrics(store, s)
+        _forget_old_metrics(store, record.operator_id, record.checkpoint_id)
     except Exception:  # noqa: BLE001 - metrics are best effort by design
         log.warning("metrics of checkpoint %d of %s could not be recorded",
                     record.checkpoint_id, record.operator_id, exc_info=True)
         return None
     log.info("%s", format_line(s))
     return s
+
+
+def _forget_old_metrics(store: DurableStore, operator_id: str, checkpoint_id: int) -> None:
+    n = checkpoint_id
+    if n % METRICS_DELETE_EVERY or n < METRICS_KEPT:
+        return
+    from .storage.manifests import operator_store
+
+    old = range(max(0, n - METRICS_KEPT - METRICS_DELETE_EVERY), n - METRICS_KEPT + 1)
+    operator_store(store, operator_id).delete([metrics_path(k) for k in old])
 
 
 def read_metrics(store: DurableStore, operator_id: str, *, partitions: bool = False

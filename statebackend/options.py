@@ -28,6 +28,7 @@ import math
 import numbers
 import os
 import re
+import string
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
@@ -68,6 +69,8 @@ TIMER_SERVICES = ("rocksdb", "heap")
 CHECKPOINT_MODES = ("incremental", "changelog")
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")
+# placeholders a path option may hold, replaced where the path is resolved
+PATH_PLACEHOLDERS = ("executor_id",)
 RESTART_STRATEGIES = ("none", "fixed-delay", "exponential-delay", "failure-rate")
 _RESTART_PREFIX = "restart-strategy."
 _INT_MAX = 2**31 - 1
@@ -217,7 +220,8 @@ def _accepted(spec: _Spec) -> str:
         text = ("a non-empty tuple/list (at most 7 entries, one per level) of codec names from "
                 + ", ".join(repr(c) for c in COMPRESSION_CODECS))
     elif spec.kind == "path":
-        text = "a non-empty path string"
+        text = ("a non-empty path string (placeholders: "
+                + ", ".join("{" + f + "}" for f in PATH_PLACEHOLDERS) + ")")
     else:
         what = {"int": "an int", "float": "a number",
                 "size": "a size in bytes (int, or a string like '64m', '1g', '512k')",
@@ -313,8 +317,21 @@ def _normalise(name: str, value: Any, spec: _Spec) -> Any:
             value = os.fspath(value)
         if not isinstance(value, str) or not value.strip():
             raise _fail(name, value, spec)
+        try:
+            fields = _path_fields(value)
+        except ValueError as exc:  # an unmatched brace
+            raise _fail(name, value, spec, f"{exc}; write '{{{{' for a literal brace") from exc
+        if not fields <= set(PATH_PLACEHOLDERS):
+            bad = ", ".join(sorted(repr("{" + f + "}") for f in fields - set(PATH_PLACEHOLDERS)))
+            raise _fail(name, value, spec, f"unknown placeholder {bad}; known: "
+                        + ", ".join("{" + f + "}" for f in PATH_PLACEHOLDERS))
         return value
     raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - a bug in _Spec
+
+
+def _path_fields(path: str) -> set[str]:
+    """The ``{name}`` placeholders of a path (ValueError on an unmatched brace)."""
+    return {f for _text, f, _spec, _conv in string.Formatter().parse(path) if f is not None}
 
 
 # --- the options object -----------------------------------------------------------------
@@ -355,9 +372,17 @@ class StateBackendOptions:
     local_dir : str or None, default None
         Directory for working instances and local copies. None: a ``statebackend-<uid>``
         directory under the system temp dir, resolved on the executor
-        (:meth:`resolved_local_dir`).
+        (:meth:`resolved_local_dir`). ``{executor_id}`` in the path is replaced on each
+        executor by its Spark executor id (``driver`` in local mode), so executors that
+        share a machine keep separate local state, as separate hosts would.
     num_local_retained : int, default 2
         Local checkpoint copies kept per partition (>= 1).
+    keep_instances_open : bool, default False
+        Keep each partition's RocksDB instance open in the Python worker between
+        micro-batches (compactions complete; the next task in the same worker skips the
+        restore). See :mod:`statebackend.recovery.resident`.
+    instance_idle_timeout : float, default 300.0
+        Seconds after which a kept-open instance no task used is closed.
     upload_threads, download_threads : int, default 4
         Threads per task transferring files to/from durable storage (1..64).
     snapshot_compression : {"snappy", "none"}, default "snappy"
@@ -452,11 +477,20 @@ class StateBackendOptions:
         "falling back to durable storage.", "bool")
     local_dir: str | None = _opt(
         None, "Directory for working instances and local checkpoint copies. None: "
-        "'statebackend-<uid>' under the system temp dir, resolved on each executor.",
+        "'statebackend-<uid>' under the system temp dir, resolved on each executor. "
+        "'{executor_id}' in the path is replaced by the Spark executor id ('driver' in "
+        "local mode).",
         "path", optional=True)
     num_local_retained: int = _opt(
         2, "Local checkpoint copies kept per partition when local_recovery is on.",
         "int", low=1, high=10_000)
+    keep_instances_open: bool = _opt(
+        False, "Keep each partition's RocksDB instance open in the Python worker between "
+        "micro-batches: its compactions complete, and the next task of the partition in "
+        "the same worker reuses it without a restore.", "bool")
+    instance_idle_timeout: float = _opt(
+        300.0, "Seconds after which an instance kept open (keep_instances_open) that no "
+        "task used is closed.", "duration", low=0.05)
     upload_threads: int = _opt(
         4, "Threads per task uploading files to durable storage.", "int", low=1, high=64)
     download_threads: int = _opt(
@@ -753,14 +787,33 @@ class StateBackendOptions:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
-    def resolved_local_dir(self) -> str:
+    def resolved_local_dir(self, executor_id: str | None = None) -> str:
         """``local_dir``, or the default under this machine's temp dir when it is None.
 
         Resolved when called (on the executor), not when the options are built on the
-        driver, because the two machines' temp dirs may differ.
+        driver, because the two machines' temp dirs (and executor ids) differ.
+
+        Parameters
+        ----------
+        executor_id : str, optional
+            Replaces ``{executor_id}`` in ``local_dir``; required when it has one (on an
+            executor, :func:`statebackend.spark.executor.current_executor_id`).
         """
         if self.local_dir is not None:
-            return os.path.abspath(os.path.expanduser(self.local_dir))
+            path = self.local_dir
+            if "executor_id" in _path_fields(path):
+                if executor_id is None:
+                    raise OptionsError(
+                        "local_dir", path, f"Option 'local_dir' {path!r} names the executor, "
+                        f"but no executor id was given to resolve it; pass "
+                        f"resolved_local_dir(executor_id=...).")
+                if not executor_id or os.sep in executor_id or executor_id in (".", ".."):
+                    raise OptionsError(
+                        "local_dir", path, f"Option 'local_dir' {path!r}: executor id "
+                        f"{executor_id!r} is not a usable path component; expected a "
+                        f"non-empty name without {os.sep!r}.")
+            path = path.format(executor_id=executor_id)
+            return os.path.abspath(os.path.expanduser(path))
         suffix = f"-{os.getuid()}" if hasattr(os, "getuid") else ""
         return os.path.join(tempfile.gettempdir(), "statebackend" + suffix)
 

@@ -167,6 +167,45 @@ def test_local_dir_resolved_lazily() -> None:
     assert S(local_dir="rel/dir").resolved_local_dir() == os.path.abspath("rel/dir")
 
 
+def test_local_dir_executor_id_placeholder() -> None:
+    o = S(local_dir="/data/sb/{executor_id}/state")
+    assert o.local_dir == "/data/sb/{executor_id}/state"  # kept until the executor resolves it
+    assert o.resolved_local_dir(executor_id="3") == "/data/sb/3/state"
+    assert o.resolved_local_dir(executor_id="driver") == "/data/sb/driver/state"
+    with pytest.raises(OptionsError, match="names the executor"):
+        o.resolved_local_dir()
+    with pytest.raises(OptionsError, match="not a usable path component"):
+        o.resolved_local_dir(executor_id="a/b")
+    # no placeholder: the executor id is irrelevant; doubled braces are literal ones
+    assert S(local_dir="/d").resolved_local_dir(executor_id="7") == "/d"
+    assert S(local_dir="/d/{{x}}").resolved_local_dir() == "/d/{x}"
+    assert S.from_spark_conf({P + "local-dir": "/l/{executor_id}"}).resolved_local_dir(
+        executor_id="1") == "/l/1"
+    with pytest.raises(OptionsError, match=r"unknown placeholder '\{executor\}'"):
+        S(local_dir="/d/{executor}")
+    with pytest.raises(OptionsError, match="local_dir"):
+        S(local_dir="/d/{executor_id")
+
+
+def test_executor_id_read_from_the_executor_jvm_command_line(monkeypatch) -> None:
+    from statebackend.spark import executor as ex
+
+    assert ex.executor_id_from_cmdline(
+        ["java", "-cp", "x", "org.apache.spark.executor.CoarseGrainedExecutorBackend",
+         "--driver-url", "spark://d", "--executor-id", "12", "--hostname", "h"]) == "12"
+    assert ex.executor_id_from_cmdline(["python", "-m", "pyspark.daemon"]) is None
+    ex.current_executor_id.cache_clear()
+    try:
+        # pytest's ancestors are no executor JVM: the driver's id
+        monkeypatch.delenv("SPARK_EXECUTOR_ID", raising=False)
+        assert ex.current_executor_id() == "driver"
+        ex.current_executor_id.cache_clear()
+        monkeypatch.setenv("SPARK_EXECUTOR_ID", "5")  # what Kubernetes executors set
+        assert ex.current_executor_id() == "5"
+    finally:
+        ex.current_executor_id.cache_clear()
+
+
 # --- Spark configuration ------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, CorruptStateError, StorageError
 from ..options import StateBackendOptions
-from ..recovery.local import LocalCopyError, LocalRecovery
+from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, publish_manifest
@@ -74,23 +74,29 @@ class PartitionCheckpointer:
         ``max_parallelism`` and ``download_threads``.
     local_root : str, optional
         Local directory for working directories and secondary copies (defaults to
-        ``options.local_dir``).
+        ``options.local_dir``, with ``{executor_id}`` resolved as ``driver``).
     open_instance : callable, optional
         ``path -> RocksDBInstance``; lets the caller pass its RocksDB options.
+    working_dir_name : str, optional
+        Name of the working directory under the partition directory (default ``work``);
+        instances kept open between tasks each get a name of their own.
     """
 
     def __init__(self, store: DurableStore, operator_id: str, partition: int,
                  options: StateBackendOptions | None = None, local_root: str | None = None,
-                 *, open_instance: InstanceFactory | None = None) -> None:
+                 *, open_instance: InstanceFactory | None = None,
+                 working_dir_name: str = WORK_DIR) -> None:
         self.options = options or StateBackendOptions()
-        root = local_root or self.options.local_dir
+        root = local_root or (self.options.local_dir
+                              and self.options.resolved_local_dir(executor_id="driver"))
         if not root:
             raise ValueError("PartitionCheckpointer needs a local_root (or options.local_dir)")
         self.operator_id = check_component(operator_id)
         self.partition = partition
         self.store = operator_store(store, operator_id)
         self.local = LocalRecovery(root, operator_id, partition,
-                                   num_retained=self.options.num_local_retained)
+                                   num_retained=self.options.num_local_retained,
+                                   working_dir_name=working_dir_name)
         self._open = open_instance or RocksDBInstance
         self.restored_from: PartitionManifest | None = None
         self._restored = False
@@ -154,6 +160,29 @@ class PartitionCheckpointer:
         inst, nbytes, nfiles = self._from_durable(manifest)
         return inst, self._metrics(manifest, RestoreSource.DURABLE, t0, reasons,
                                    nbytes, nfiles)
+
+    def resume(self, manifest: PartitionManifest, instance: RocksDBInstance,
+               duration_s: float = 0.0) -> RestoreMetrics:
+        """Continue from ``instance``, kept open since it produced ``manifest``.
+
+        The caller vouches that the instance holds exactly the state of ``manifest`` (it
+        took that checkpoint and nothing was written since: see
+        :class:`statebackend.recovery.resident.ResidentInstances`); the next checkpoint
+        reuses the files of ``manifest`` as it would after :meth:`restore`.
+        """
+        validate_manifest(manifest, self.operator_id)
+        if os.path.dirname(instance.path) != self.local.partition_dir:
+            raise CheckpointError(f"instance at {instance.path} is not a working directory "
+                                  f"of partition {self.partition} ({self.local.partition_dir})")
+        self._restored = True
+        self.restored_from = manifest
+        self.local.use_working_dir(os.path.basename(instance.path))
+        # the next checkpoint writes to it: it is no longer "exactly the manifest"
+        self.local.clear_clean_marker()
+        if self.options.checkpoint_mode == "changelog":
+            self.start_recording(instance)
+        return RestoreMetrics(manifest.checkpoint_id, self.partition, RestoreSource.RESIDENT,
+                              duration_s)
 
     def _metrics(self, m: PartitionManifest, source: RestoreSource, t0: float,
                  reasons: list[str], nbytes: int = 0, nfiles: int = 0) -> RestoreMetrics:

@@ -49,6 +49,7 @@ class RestoreSource(str, enum.Enum):
     """Where a restore found its state."""
 
     EMPTY = "empty"  # no checkpoint to restore: fresh state
+    RESIDENT = "resident"  # the instance this process kept open since the checkpoint
     WORKING_DIR = "working_dir"
     LOCAL_COPY = "local_copy"
     DURABLE = "durable"

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, StorageError
+from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from ..storage.checksum import file_crc32
 from ..storage.manifests import publish_manifest
@@ -102,21 +103,32 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         An upload or the publication failed; no manifest is published then.
     """
     t0 = time.perf_counter()
+    counts0 = store.request_counts()
     n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
     adir = attempt_dir(n, p, attempt)
-    existing = store.list_dir(adir)
-    if existing:
-        what = "published a manifest" if f"{adir}/{MANIFEST_NAME}" in existing else \
-            f"left {len(existing)} file(s)"
-        raise CommitFailedError(
-            f"checkpoint {n} partition {p}: attempt {attempt!r} already {what} under {adir}; "
-            f"durable files are never overwritten, so retry under a fresh attempt name")
-
     reuse = plan_reuse(snapshot, base, incremental)
     to_upload = [f for f in snapshot.files if f.name not in reuse]
     pairs = [(os.path.join(snapshot.directory, f.name), check_relative(f"{adir}/{f.name}"))
              for f in to_upload]
-    transfers = {t.path: t for t in store.put_files(pairs)}
+
+    def reused_name(what: str) -> CommitFailedError:
+        return CommitFailedError(
+            f"checkpoint {n} partition {p}: attempt {attempt!r} already {what} under {adir}; "
+            f"durable files are never overwritten, so retry under a fresh attempt name")
+
+    # No listing of the attempt directory first (a LIST per checkpoint): every upload
+    # refuses an existing name, which is how a reused attempt name shows up.
+    if not pairs:
+        existing = store.list_dir(adir)  # nothing to upload (rare): the manifest would overwrite
+        if existing:
+            raise reused_name("published a manifest" if f"{adir}/{MANIFEST_NAME}" in existing
+                              else f"left {len(existing)} file(s)")
+    try:
+        transfers = {t.path: t for t in store.put_files(pairs)}
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileExistsError):
+            raise reused_name("wrote files") from exc
+        raise
 
     entries = []
     for f in snapshot.files:
@@ -145,7 +157,12 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         files_uploaded=len(transfers), files_reused=len(reuse),
         full_size=manifest.full_size, incremental_size=manifest.incremental_size)
     # caller's metrics (e.g. the operator's running max event time) go in before publication
-    manifest = manifest.with_metrics(**(extra_metrics or {}), **metrics.to_dict())
+    extra = dict(extra_metrics or {})
+    counts1 = store.request_counts()
+    if counts0 is not None and counts1 is not None:
+        # The uploads' requests, plus the manifest's own PUT (it cannot count itself)
+        extra["checkpoint_requests"] = (counts1 - counts0 + RequestCounts(put=1)).to_dict()
+    manifest = manifest.with_metrics(**extra, **metrics.to_dict())
     publish_manifest(store, manifest)
     # The manifest cannot hold its own publication time; the returned metrics do.
     metrics = replace(metrics, async_duration_s=time.perf_counter() - t0)

@@ -76,6 +76,7 @@ from ..errors import (
     IncompatibleStateError,
     UnsafePathError,
 )
+from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
 
@@ -114,6 +115,29 @@ def _records_in(names: Iterable[str]) -> dict[int, str]:
         if m and rel == completed_record_path(int(m.group(1))):
             out[int(m.group(1))] = rel
     return out
+
+
+def _manifests_by_partition(listing: Iterable[str]) -> dict[int, list[str]]:
+    """Manifest paths (``chk-<n>/p<p>/<attempt>/_MANIFEST.json``) of a listing, by partition."""
+    out: dict[int, list[str]] = {}
+    for rel in listing:
+        parts = rel.split("/")
+        if len(parts) == 4 and parts[3] == MANIFEST_NAME and parts[1][:1] == "p" \
+                and parts[1][1:].isdigit():
+            out.setdefault(int(parts[1][1:]), []).append(rel)
+    return out
+
+
+def _parse_or_error(raw: bytes | PartitionManifest | Exception | None, where: str
+                    ) -> PartitionManifest | Exception | None:
+    """A manifest parsed from ``raw`` (passed through when already parsed or missing), or
+    the error that parsing raised (handed to the caller's thread)."""
+    if raw is None or isinstance(raw, (PartitionManifest, Exception)):
+        return raw
+    try:
+        return PartitionManifest.from_json(raw, where=where)
+    except (CorruptStateError, UnsafePathError) as exc:
+        return exc
 
 
 def listed_records(store: DurableStore, operator_id: str) -> dict[int, str]:
@@ -240,6 +264,12 @@ class CheckpointCoordinator:
         # Published manifests read so far, by checkpoint id then path: the protected set
         # is made from those of the latest checkpoint, so they are not read twice.
         self._published: dict[int, dict[str, PartitionManifest]] = {}
+        # The listing of chk-<latest>/ taken when it completed: the protected set is made
+        # from it instead of listing again at every collection.
+        self._listings: dict[int, frozenset[str]] = {}
+        #: Requests of the last completion (listing, manifest reads, record), when the
+        #: store counts them (None otherwise). Includes background GC running meanwhile.
+        self.last_completion_requests: RequestCounts | None = None
         self._pool: ThreadPoolExecutor | None = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gc-{operator_id}")
             if background_gc else None)
@@ -306,6 +336,7 @@ class CheckpointCoordinator:
             Durable storage failed; nothing was recorded, so calling again is safe.
         """
         with self._lock:
+            self.last_completion_requests = None
             reg = self._registry
             if checkpoint_id in reg.checkpoints:
                 return reg.checkpoints[checkpoint_id].record
@@ -314,9 +345,16 @@ class CheckpointCoordinator:
                 log.info("checkpoint %d of %s is older than the latest completed %d; its "
                          "files will be swept", checkpoint_id, self.operator_id, latest)
                 return None
+            counts0 = self.store.request_counts()
+            # One listing of the checkpoint's directory (paged: ~1,000 files per request),
+            # not one per partition; then the new manifests read in parallel.
+            listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
+            by_partition = _manifests_by_partition(listing)
+            self._read_published_many(checkpoint_id, sorted(
+                rel for rels in by_partition.values() for rel in rels))
             chosen: dict[int, PartitionManifest] = {}
             for p in range(self.parallelism):
-                m = self._choose(checkpoint_id, p)
+                m = self._choose(checkpoint_id, p, by_partition.get(p, []), listing)
                 if m is None:
                     return None
                 chosen[p] = m
@@ -334,6 +372,10 @@ class CheckpointCoordinator:
             self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
             for n in [n for n in self._published if n < checkpoint_id]:
                 del self._published[n]
+            self._listings = {checkpoint_id: listing}
+            counts1 = self.store.request_counts()
+            if counts0 is not None and counts1 is not None:
+                self.last_completion_requests = counts1 - counts0
         self._after_change()
         return record
 
@@ -342,14 +384,22 @@ class CheckpointCoordinator:
         bounded listing of that checkpoint's directory)."""
         return bool(self._list(checkpoint_dir(checkpoint_id)))
 
-    def _choose(self, checkpoint_id: int, partition: int) -> PartitionManifest | None:
-        d = f"{checkpoint_dir(checkpoint_id)}/p{partition}"
-        listing = set(self._list(d))
+    def _read_published_many(self, checkpoint_id: int, rels: list[str]) -> None:
+        """Read (in parallel) the manifests among ``rels`` not read before."""
+        cache = self._published.setdefault(checkpoint_id, {})
+        todo = [rel for rel in rels if rel not in cache]
+        if len(todo) > 1:
+            # parsed in the reading threads, while other reads still wait for the store
+            parsed = self.store.get_bytes_many(
+                [self._abs(r) for r in todo],
+                then=lambda path, raw: _parse_or_error(raw, path[len(self.operator_id) + 1:]))
+            for rel, m in zip(todo, parsed):
+                self._parse_published(checkpoint_id, rel, m)
+
+    def _choose(self, checkpoint_id: int, partition: int, rels: list[str],
+                listing: frozenset[str]) -> PartitionManifest | None:
         valid = []
-        for rel in sorted(listing):
-            parts = rel.split("/")
-            if len(parts) != 4 or parts[3] != MANIFEST_NAME:
-                continue
+        for rel in sorted(rels):
             m = self._read_published(checkpoint_id, rel)
             if m is None:
                 continue
@@ -370,9 +420,20 @@ class CheckpointCoordinator:
             return cache[rel]
         try:
             raw = self.store.get_bytes(self._abs(rel))
-            m = PartitionManifest.from_json(raw, where=rel)
         except FileNotFoundError:
+            raw = None
+        return self._parse_published(checkpoint_id, rel, raw)
+
+    def _parse_published(self, checkpoint_id: int, rel: str,
+                         raw: bytes | PartitionManifest | Exception | None
+                         ) -> PartitionManifest | None:
+        cache = self._published.setdefault(checkpoint_id, {})
+        if raw is None:
             return None  # deleted (aborted) between the listing and the read
+        try:
+            m = _parse_or_error(raw, rel)
+            if isinstance(m, Exception):
+                raise m
         except (CorruptStateError, UnsafePathError) as exc:
             log.warning("ignoring unreadable manifest %s: %s", rel, exc)
             return None
@@ -402,7 +463,7 @@ class CheckpointCoordinator:
                 f"query's parallelism and max_parallelism")
         return True
 
-    def _missing_files(self, m: PartitionManifest, listing: set[str]) -> list[str]:
+    def _missing_files(self, m: PartitionManifest, listing: frozenset[str]) -> list[str]:
         missing = []
         for f in m.files:
             if f.path in listing or self._registry.is_referenced(f.path):
@@ -412,6 +473,19 @@ class CheckpointCoordinator:
             if self.store.size(self._abs(f.path)) != f.size:
                 missing.append(f.path)
         return missing
+
+    def chosen_manifests(self, checkpoint_id: int) -> list[PartitionManifest] | None:
+        """The chosen manifests of a checkpoint this coordinator just completed, as it read
+        them (None when it no longer holds them: read them from the store instead)."""
+        with self._lock:
+            reg = self._registry
+            if checkpoint_id not in reg.checkpoints:
+                return None
+            cache = self._published.get(checkpoint_id, {})
+            paths = reg.checkpoints[checkpoint_id].record.manifests.values()
+            if not all(p in cache for p in paths):
+                return None
+            return [cache[p] for p in paths]
 
     # --- restore points -----------------------------------------------------------------
 
@@ -474,16 +548,17 @@ class CheckpointCoordinator:
         else:
             rec = self.get(checkpoint_id)
         manifests = {}
-        for p, rel in sorted(rec.manifests.items()):
-            try:
-                m = PartitionManifest.from_json(self.store.get_bytes(self._abs(rel)), where=rel)
-            except FileNotFoundError as exc:
+        items = sorted(rec.manifests.items())
+        raws = self.store.get_bytes_many([self._abs(rel) for _p, rel in items])
+        for (p, rel), raw in zip(items, raws):
+            if raw is None:
                 raise CorruptStateError(f"checkpoint {rec.checkpoint_id}: manifest {rel} of "
                                         f"partition {p} is missing", path=rel, partition=p,
-                                        checkpoint_id=rec.checkpoint_id) from exc
+                                        checkpoint_id=rec.checkpoint_id)
+            m = PartitionManifest.from_json(raw, where=rel)
             if verify:
-                for f in m.files:
-                    got = self.store.size(self._abs(f.path))
+                sizes = self.store.sizes([self._abs(f.path) for f in m.files])
+                for f, got in zip(m.files, sizes):
                     if got != f.size:
                         raise CorruptStateError(
                             f"checkpoint {rec.checkpoint_id} partition {p}: file {f.path} "
@@ -550,10 +625,14 @@ class CheckpointCoordinator:
         latest = self._registry.latest_id
         if latest is None:
             return frozenset()
-        for rel in self._list(checkpoint_dir(latest)):
-            parts = rel.split("/")
-            if len(parts) == 4 and parts[3] == MANIFEST_NAME:
-                self._read_published(latest, rel)
+        listing = self._listings.get(latest)
+        if listing is None:  # after a rebuild: not listed since
+            listing = frozenset(self._list(checkpoint_dir(latest)))
+            self._listings[latest] = listing
+        rels = sorted(r for rs in _manifests_by_partition(listing).values() for r in rs)
+        self._read_published_many(latest, rels)
+        for rel in rels:
+            self._read_published(latest, rel)
         return referenced_paths(self._published.get(latest, {}).values())
 
     def collect_garbage(self) -> GcReport:
@@ -588,6 +667,8 @@ class CheckpointCoordinator:
                 # forgotten: a rebuild needs them to find that checkpoint's files.
                 kept = protected | {p for c in reg.subsumed_ids()
                                     for p in reg.checkpoints[c].record.manifests.values()}
+                # A fresh listing, not the one taken at completion: it also finds what
+                # attempts still running then wrote since (stragglers).
                 listing = self._list(checkpoint_dir(k))
                 doomed = [p for p in listing if not reg.is_referenced(p) and p not in kept]
                 report.deleted += self._delete(doomed)
@@ -712,6 +793,7 @@ class CheckpointCoordinator:
                                         f"to sweep again from the oldest record",
                                         path=WATERMARK_PATH) from exc
             self._published.clear()
+            self._listings.clear()
             reg = self._registry
         if records:
             self._after_change()
@@ -719,18 +801,18 @@ class CheckpointCoordinator:
 
     def _load(self, record: CompletedCheckpoint, *, must_exist: bool) -> RegisteredCheckpoint:
         manifests = []
-        for p, rel in sorted(record.manifests.items()):
-            try:
-                manifests.append(PartitionManifest.from_json(
-                    self.store.get_bytes(self._abs(rel)), where=rel))
-            except FileNotFoundError as exc:
-                if must_exist:
-                    raise CorruptStateError(
-                        f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "
-                        f"partition {p} is missing; restore from another retained checkpoint",
-                        checkpoint_id=record.checkpoint_id, partition=p, path=rel) from exc
-                # A subsumed checkpoint loses its manifests only after all its other
-                # unreferenced files are deleted, so nothing is lost by not reading them.
+        items = sorted(record.manifests.items())
+        raws = self.store.get_bytes_many([self._abs(rel) for _p, rel in items])
+        for (p, rel), raw in zip(items, raws):
+            if raw is not None:
+                manifests.append(PartitionManifest.from_json(raw, where=rel))
+            elif must_exist:
+                raise CorruptStateError(
+                    f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "
+                    f"partition {p} is missing; restore from another retained checkpoint",
+                    checkpoint_id=record.checkpoint_id, partition=p, path=rel)
+            # else: a subsumed checkpoint loses its manifests only after all its other
+            # unreferenced files are deleted, so nothing is lost by not reading them.
         if must_exist:
             return RegisteredCheckpoint.of(record, manifests)
         return RegisteredCheckpoint(

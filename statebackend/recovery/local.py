@@ -69,10 +69,15 @@ class LocalRecovery:
         Partition index.
     num_retained : int
         Local secondary copies to keep after a successful checkpoint.
+    working_dir_name : str
+        Name of the working directory in the partition directory: ``work`` for an instance
+        closed at the end of each task; a name of its own for an instance kept open
+        between tasks (:mod:`statebackend.recovery.resident`), which no other process
+        may replace while it is open.
     """
 
     def __init__(self, local_root: str, operator_id: str, partition: int,
-                 num_retained: int = 2) -> None:
+                 num_retained: int = 2, working_dir_name: str = WORK_DIR) -> None:
         check_component(operator_id)
         if num_retained < 0:
             raise ValueError(f"num_retained must be >= 0, got {num_retained}")
@@ -81,9 +86,13 @@ class LocalRecovery:
         self.num_retained = num_retained
         self.partition_dir = os.path.join(os.path.abspath(local_root), operator_id,
                                           f"p{partition}")
-        self.working_dir = os.path.join(self.partition_dir, WORK_DIR)
+        self.working_dir = os.path.join(self.partition_dir, check_component(working_dir_name))
         self.copies_dir = os.path.join(self.partition_dir, "copies")
         self.changelogs_dir = os.path.join(self.partition_dir, "changelogs")
+
+    def use_working_dir(self, name: str) -> None:
+        """Make ``name`` (a directory of this partition) the working directory."""
+        self.working_dir = os.path.join(self.partition_dir, check_component(name))
 
     # --- clean marker -----------------------------------------------------------------
 
@@ -99,17 +108,7 @@ class LocalRecovery:
         _atomic_write(self.marker_path, data)
 
     def read_clean_marker(self) -> CleanMarker | None:
-        try:
-            with open(self.marker_path, "rb") as fh:
-                d = json.loads(fh.read())
-            return CleanMarker(int(d["checkpoint_id"]), str(d["attempt"]),
-                               None if d.get("sequence_number") is None
-                               else int(d["sequence_number"]))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError):
-            log.warning("ignoring unreadable clean marker %s", self.marker_path)
-            return None
+        return read_clean_marker(self.marker_path)
 
     def clear_clean_marker(self) -> None:
         """Forget that the working directory is clean (call before opening it for writing)."""
@@ -156,7 +155,7 @@ class LocalRecovery:
                     pid = int(fh.read().strip() or 0)
             except (OSError, ValueError):
                 continue
-            if _alive(pid):
+            if pid_alive(pid):
                 out.add(os.path.abspath(d))
         return out
 
@@ -326,7 +325,8 @@ class LocalRecovery:
                 shutil.rmtree(os.path.join(self.partition_dir, name), ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is alive."""
     if pid <= 0:
         return False
     try:
@@ -344,6 +344,21 @@ def _recent(path: str, seconds: float = 3600.0) -> bool:
         return time.time() - os.stat(path).st_mtime < seconds
     except OSError:
         return False
+
+
+def read_clean_marker(path: str) -> CleanMarker | None:
+    """The clean marker at ``path`` (None: absent or unreadable, logged)."""
+    try:
+        with open(path, "rb") as fh:
+            d = json.loads(fh.read())
+        return CleanMarker(int(d["checkpoint_id"]), str(d["attempt"]),
+                           None if d.get("sequence_number") is None
+                           else int(d["sequence_number"]))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, OSError):
+        log.warning("ignoring unreadable clean marker %s", path)
+        return None
 
 
 def _atomic_write(path: str, data: bytes) -> None:

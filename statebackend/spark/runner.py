@@ -1,4 +1,5 @@
-"""The function ``mapInPandas`` runs: restore, process, checkpoint, close, then output."""
+"""The function ``mapInPandas`` runs: restore, process, checkpoint, close (or keep open),
+then output."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from ..checkpoint.manifest import (
 )
 from ..errors import IncompatibleStateError
 from ..metrics import rocksdb_properties
+from ..recovery.local import WORK_DIR
+from ..recovery.resident import ResidentInstances, resident_dir_name, resident_instances
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
@@ -135,16 +138,40 @@ class Restored:
 
 def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
                     open_instance: Callable[[str], RocksDBInstance],
-                    prev: int | None = None) -> Restored:
+                    resident: ResidentInstances | None = None) -> Restored:
     """Open the state committed for ``checkpoint_id - 1`` as this partition's instance.
 
     Three cases: the same layout (restore that partition's manifest); a completed
     checkpoint written with another parallelism (assemble the new key-group range from
     the overlapping old partitions); no state yet and a savepoint configured (read the
-    range's key-group blocks from it). Micro-batches in which the operator ran no task
-    (see :func:`last_batch_that_ran`) are passed over: ``prev`` is then the batch before
-    them.
+    range's key-group blocks from it). With ``resident`` (``keep_instances_open``), the
+    same layout first reuses the instance this process kept open, when it produced
+    exactly that manifest. Micro-batches in which the operator ran no task (see
+    :func:`last_batch_that_ran`) are passed over: the state restored is then that of the
+    batch before them (``Restored.prev_id``).
     """
+    restored = _obtain(config, store, checkpointer, checkpoint_id, open_instance, resident)
+    if resident is not None:
+        resident.opened(checkpointer.local, restored.instance)
+    return restored
+
+
+def release_instance(checkpointer, instance: RocksDBInstance,
+                     published: PartitionManifest | None,
+                     resident: ResidentInstances | None) -> None:
+    """End of a task: close the instance, or keep it open for the next task of its
+    partition when its checkpoint was published (``keep_instances_open``)."""
+    if resident is None:
+        instance.close()
+    elif published is None:
+        resident.discard(checkpointer.local, instance)
+    else:
+        resident.give_back(checkpointer.local, instance, published)
+
+
+def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
+            open_instance: Callable[[str], RocksDBInstance],
+            resident: ResidentInstances | None, prev: int | None = None) -> Restored:
     from ..recovery.rescale import restore_from_savepoint, restore_rescaled
 
     partition = checkpointer.partition
@@ -152,6 +179,8 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
         prev = checkpoint_id - 1
     record = read_completed_record(store, prev) if prev >= 0 else None
     if record is not None and record.parallelism != config.parallelism:
+        if resident is not None:
+            resident.forget(checkpointer.local)
         inst, rmetrics, sources = restore_rescaled(
             checkpointer, record, config.parallelism, config.max_parallelism,
             local_root(config.options), open_instance)
@@ -164,8 +193,8 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
     if base is None and record is None and prev >= 0:
         ran = last_batch_that_ran(store, prev)
         if ran != prev:
-            return obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
-                                   prev=ran)
+            return _obtain(config, store, checkpointer, checkpoint_id, open_instance,
+                           resident, prev=ran)
     if base is None and prev >= 0:
         check_continuity(store, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
@@ -176,6 +205,16 @@ def obtain_instance(config: OperatorConfig, store, checkpointer, checkpoint_id: 
             f"`statebackend migrate-savepoint URL OPERATOR NAME NEW_NAME --max-parallelism "
             f"{config.max_parallelism}` (or statebackend.savepoint.migrate.migrate_savepoint), "
             f"and start from the new savepoint)")
+    if resident is not None:
+        t0 = time.perf_counter()
+        kept = resident.take(checkpointer.local, base)
+        if kept is not None and base is not None:
+            rmetrics = checkpointer.resume(base, kept, time.perf_counter() - t0)
+            et = base.metrics.get("max_event_time_ms")
+            return Restored(kept, rmetrics, base, False, et, record, prev)
+        if base is not None:
+            # open in another worker of this executor: have it handed over (bounded wait)
+            resident.request_handover(checkpointer.local, base)
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
@@ -247,12 +286,19 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     def open_instance(path: str) -> RocksDBInstance:
         return RocksDBInstance(path, db_options=db_options)
 
-    checkpointer = PartitionCheckpointer(root, config.operator_id, partition, config.options,
-                                         local_root(config.options), open_instance=open_instance)
-    restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance)
+    resident = (resident_instances(config.options.instance_idle_timeout)
+                if config.options.keep_instances_open else None)
+    checkpointer = PartitionCheckpointer(
+        root, config.operator_id, partition, config.options, local_root(config.options),
+        open_instance=open_instance,
+        working_dir_name=resident_dir_name() if resident is not None else WORK_DIR)
+    counts0 = root.request_counts()
+    restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
+                               resident)
     instance, restore_metrics, base = restored.instance, restored.metrics, restored.base
     t_restore = time.perf_counter()
     read_before = source.read_s
+    published = None
     try:
         max_et = _max_opt(restored.max_event_time_ms, source.max_event_time_ms)
         wm = -1
@@ -266,6 +312,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                 late_wm = (late_watermark(store, config, checkpoint_id, base)
                            if prev == checkpoint_id - 1 else wm)
                 first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
+        counts1 = root.request_counts()  # the restore's requests (and the watermark's reads)
         ctx = BatchContext(checkpoint_id, partition, ptime, wm, max_et, first=restored.first)
         backend = KeyedStateBackend(instance, timer_service=config.options.timer_service,
                                     clock=lambda: ptime)
@@ -303,10 +350,13 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             # the next batch drops input at or before this watermark (Spark's rule)
             metrics["watermark_ms"] = int(wm)
             metrics["late_rows_dropped"] = late_dropped
-        checkpointer.checkpoint(instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
-                                backend.descriptors(), base_manifest=base, extra_metrics=metrics)
+        if counts0 is not None and counts1 is not None:
+            metrics["restore_requests"] = (counts1 - counts0).to_dict()
+        published, _ = checkpointer.checkpoint(
+            instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
+            backend.descriptors(), base_manifest=base, extra_metrics=metrics)
     finally:
-        instance.close()
+        release_instance(checkpointer, instance, published, resident)
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
               time.perf_counter() - t0)
     if out:

@@ -31,6 +31,7 @@ from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
+from .executor import current_executor_id
 from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
 log = logging.getLogger("statebackend.task")
@@ -220,7 +221,8 @@ def check_rows_belong(kg: np.ndarray, kg_range, partition: int) -> None:
 
 
 def local_root(options: StateBackendOptions) -> str:
-    root = options.resolved_local_dir()
+    """This executor's local directory (``{executor_id}`` in ``local_dir`` resolved)."""
+    root = options.resolved_local_dir(executor_id=current_executor_id())
     os.makedirs(root, exist_ok=True)
     return root
 

@@ -8,10 +8,12 @@ under it. Implementations retry transient failures and raise
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import StorageError
+from .accounting import RequestCounts
 
 
 class StoreFileNotFoundError(StorageError, FileNotFoundError):
@@ -91,12 +93,37 @@ class DurableStore(ABC):
             out.append(self.get_file(path, local, size=size, checksum=checksum))
         return out
 
+    def get_bytes_many(self, paths: Sequence[str],
+                       then: Callable[[str, bytes | None], Any] | None = None) -> list[Any]:
+        """Read small files whole, in parallel where the store can; None for a missing one.
+
+        Results are in input order. ``then(path, data)``, when given, runs on each result in
+        the reading thread (parsing overlaps the other reads) and its value is returned."""
+        out: list[Any] = []
+        for p in paths:
+            try:
+                data: bytes | None = self.get_bytes(p)
+            except FileNotFoundError:
+                data = None
+            out.append(data if then is None else then(p, data))
+        return out
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        """:meth:`size` of each path, in parallel where the store can; in input order."""
+        return [self.size(p) for p in paths]
+
     def child(self, prefix: str) -> DurableStore:
         """A store rooted at ``<root>/<prefix>`` (sharing connections when possible)."""
         raise NotImplementedError(f"{type(self).__name__} does not support child stores")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release pools and connections."""
+
+    def request_counts(self) -> RequestCounts | None:
+        """Object-store requests made so far in this process (None: not counted here).
+
+        Callers take the difference of two readings around a piece of work."""
+        return None
 
 
 def _expand_get(item: Sequence[object]) -> tuple[str, str, int | None, str | None]:

@@ -9,6 +9,7 @@ downloads are also verified by CRC32, computed while streaming, so it costs no e
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -25,8 +26,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..checkpoint.manifest import check_relative
 from ..errors import StorageError, TransientStorageError, UnsafePathError
+from .accounting import DEFAULT_PART_SIZE, AccountingFileSystem, RequestCounter, RequestCounts
 from .base import DurableStore, StoreFileNotFoundError, Transfer, _expand_get
-from .checksum import CHUNK, bytes_crc32, file_crc32, format_crc32
+from .checksum import bytes_crc32, file_crc32
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,14 @@ _PERMANENT: tuple[type[BaseException], ...] = (
     FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
     NotADirectoryError, UnsafePathError, ValueError, TypeError, KeyError,
 )
+
+
+def _is_throttle(exc: BaseException) -> bool:
+    """The store asks us to slow down (S3 503 SlowDown; s3fs raises OSError(EBUSY))."""
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(w in text for w in ("slowdown", "slow down", "throttl", "503"))
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -62,41 +72,55 @@ class FsspecStore(DurableStore):
         Any fsspec URL; a plain path means the local filesystem.
     upload_threads, download_threads : int
         Bounds of the thread pools used by :meth:`put_files` and :meth:`get_files`.
+    read_threads : int
+        Bound of the pool of :meth:`get_bytes_many` and :meth:`sizes` (small reads whose
+        time is the store's latency: the driver reads one manifest per partition).
     retries : int
         Extra attempts after the first one for transient failures.
     storage_options : dict, optional
         Passed to the fsspec filesystem (e.g. ``client_kwargs`` for S3).
     backoff_s : float
-        First backoff delay; doubles each retry, with jitter.
+        First backoff delay; doubles each retry, with jitter. Throttling (S3's 503
+        SlowDown) backs off ten times longer.
     fs : fsspec.AbstractFileSystem, optional
         A ready filesystem to use instead of resolving ``url`` (tests wrap one to inject
         faults). ``url`` is then taken as a path on that filesystem.
+    part_size : int
+        Multipart part size of uploads and chunk of parallel ranged downloads (S3).
 
     Notes
     -----
     The store pickles without its filesystem handle and pools, which are rebuilt lazily,
-    so it can ship to Spark executors.
+    so it can ship to Spark executors. Every call to the filesystem goes through an
+    :class:`~statebackend.storage.accounting.AccountingFileSystem`; :meth:`request_counts`
+    reads its running totals (per process, shared with child stores).
     """
 
     def __init__(self, url: str, *, upload_threads: int = 4, download_threads: int = 4,
                  retries: int = 3, storage_options: dict[str, Any] | None = None,
-                 backoff_s: float = 0.05, fs: fsspec.AbstractFileSystem | None = None) -> None:
-        if upload_threads < 1 or download_threads < 1:
-            raise ValueError(f"upload_threads and download_threads must be >= 1, got "
-                             f"{upload_threads} and {download_threads}")
+                 backoff_s: float = 0.05, fs: fsspec.AbstractFileSystem | None = None,
+                 part_size: int = DEFAULT_PART_SIZE, read_threads: int = 32) -> None:
+        if upload_threads < 1 or download_threads < 1 or read_threads < 1:
+            raise ValueError(f"upload_threads, download_threads and read_threads must be "
+                             f">= 1, got {upload_threads}, {download_threads} and "
+                             f"{read_threads}")
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.url = url
         self.upload_threads = upload_threads
         self.download_threads = download_threads
+        self.read_threads = read_threads
         self.retries = retries
         self.backoff_s = backoff_s
         self.storage_options = dict(storage_options or {})
+        self.part_size = part_size
+        self.requests = RequestCounter()
         self._given_fs = fs
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._up_pool: ThreadPoolExecutor | None = None
         self._down_pool: ThreadPoolExecutor | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self._owns_pools = True
         fs_, root = self._resolve()
         self._fs = fs_
@@ -104,18 +128,20 @@ class FsspecStore(DurableStore):
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _resolve(self) -> tuple[fsspec.AbstractFileSystem, str]:
+    def _resolve(self) -> tuple[AccountingFileSystem, str]:
         if self._given_fs is not None:
             fs = self._given_fs
             root = fs._strip_protocol(self.url)
         else:
             fs, root = url_to_fs(self.url, **self.storage_options)
-        if isinstance(fs, LocalFileSystem):
+        if isinstance(_innermost(fs), LocalFileSystem):
             root = os.path.abspath(root)
-        return fs, root.rstrip("/") or "/"
+        counted = AccountingFileSystem(fs, counter=self.requests, part_size=self.part_size)
+        return counted, root.rstrip("/") or "/"
 
     @property
-    def fs(self) -> fsspec.AbstractFileSystem:
+    def fs(self) -> AccountingFileSystem:
+        """The (counting) filesystem every remote call goes through."""
         if self._fs is None:
             with self._lock:
                 if self._fs is None:
@@ -125,7 +151,19 @@ class FsspecStore(DurableStore):
     @property
     def atomic_rename(self) -> bool:
         """True when publication goes through temp file + rename (local filesystems)."""
-        return isinstance(self.fs, LocalFileSystem)
+        return isinstance(_innermost(self.fs), LocalFileSystem)
+
+    def request_counts(self) -> RequestCounts:
+        """Object-store requests made through this store (and its children) so far, in
+        this process."""
+        return self.requests.snapshot()
+
+    def _reads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._read_pool is None:
+                self._read_pool = ThreadPoolExecutor(self.read_threads,
+                                                     thread_name_prefix="sb-read")
+            return self._read_pool
 
     def _pool(self, upload: bool) -> ThreadPoolExecutor:
         with self._lock:
@@ -142,7 +180,7 @@ class FsspecStore(DurableStore):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Handles, pools and locks do not survive pickling; rebuilt lazily on first use.
-        for k in ("_fs", "_up_pool", "_down_pool", "_lock"):
+        for k in ("_fs", "_up_pool", "_down_pool", "_read_pool", "_lock", "requests"):
             state[k] = None
         state["_owns_pools"] = True
         if state["_given_fs"] is not None:
@@ -153,6 +191,7 @@ class FsspecStore(DurableStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.requests = RequestCounter()  # counts are per process
 
     def __repr__(self) -> str:
         return f"FsspecStore({self.url!r})"
@@ -183,7 +222,8 @@ class FsspecStore(DurableStore):
                     err = StorageError(f"{what} failed after {self.retries + 1} tries: "
                                        f"{type(exc).__name__}: {exc}")
                 else:
-                    delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+                    base = self.backoff_s * (10 if _is_throttle(exc) else 1)
+                    delay = base * (2 ** attempt) * (0.5 + random.random())
                     log.info("%s failed (%s: %s); retry %d/%d in %.2fs", what,
                              type(exc).__name__, exc, attempt + 1, self.retries, delay)
                     if delay > 0:
@@ -194,13 +234,7 @@ class FsspecStore(DurableStore):
         raise AssertionError("unreachable")
 
     def _remote_size(self, full: str) -> int | None:
-        try:
-            info = self.fs.info(full)
-        except FileNotFoundError:
-            return None
-        if info.get("type") == "directory":
-            return None
-        return int(info["size"])
+        return self.fs.head(full)
 
     # --- DurableStore -----------------------------------------------------------------
 
@@ -208,7 +242,11 @@ class FsspecStore(DurableStore):
         full = self.full_path(path)
         size, checksum = file_crc32(local_path)
 
+        exclusive = self.fs.exclusive_put
+
         def once(attempt: int) -> Transfer:
+            if exclusive:
+                return self._put_exclusive(local_path, full, path, size, checksum, attempt)
             existing = self._remote_size(full)
             if existing is not None:
                 if attempt == 0:
@@ -232,6 +270,25 @@ class FsspecStore(DurableStore):
             return Transfer(path, size, checksum)
 
         return self._retry(f"upload of {path}", once, path)
+
+    def _put_exclusive(self, local_path: str, full: str, path: str, size: int,
+                       checksum: str, attempt: int) -> Transfer:
+        """One conditional PUT (``If-None-Match: *``): the store itself refuses to overwrite,
+        so no HEAD before and none after (an object-store PUT is all or nothing, and its
+        length is checked by the store)."""
+        if attempt > 0:
+            # Only our own earlier try can have written this attempt-unique name.
+            existing = self._remote_size(full)
+            if existing == size:
+                return Transfer(path, size, checksum)
+            if existing is not None:
+                self._rm_quiet(full)
+        try:
+            self.fs.put_file(local_path, full, mode="create")
+        except FileExistsError as exc:
+            raise FileExistsError(f"{full} already exists; durable files are never "
+                                  f"overwritten (use a fresh attempt name)") from exc
+        return Transfer(path, size, checksum)
 
     def _put_local_atomic(self, local_path: str | None, full: str, *, overwrite: bool,
                           data: bytes | None = None) -> None:
@@ -284,19 +341,10 @@ class FsspecStore(DurableStore):
         return self._retry(f"download of {path}", once, path)
 
     def _stream_down(self, full: str, local_tmp: str) -> tuple[int, str]:
-        import zlib
-
-        crc = 0
-        n = 0
-        with self.fs.open(full, "rb", block_size=CHUNK) as src, open(local_tmp, "wb") as dst:
-            while True:
-                chunk = src.read(CHUNK)
-                if not chunk:
-                    break
-                crc = zlib.crc32(chunk, crc)
-                n += len(chunk)
-                dst.write(chunk)
-        return n, format_crc32(crc)
+        # One GET, or parallel ranged GETs for a large file (s3fs splits it by part_size);
+        # then the checksum from the local copy (page cache, much faster than the link).
+        self.fs.get_file(full, local_tmp)
+        return file_crc32(local_tmp)
 
     def put_bytes_atomic(self, path: str, data: bytes) -> None:
         full = self.full_path(path)
@@ -306,6 +354,8 @@ class FsspecStore(DurableStore):
                 self._put_local_atomic(None, full, overwrite=True, data=data)
             else:
                 self.fs.pipe_file(full, data)
+            if self.fs.exclusive_put:
+                return  # an object-store PUT is all or nothing: no HEAD to check it
             got = self._remote_size(full)
             if got != len(data):
                 raise TransientStorageError(f"publication of {path}: expected {len(data)} "
@@ -317,6 +367,26 @@ class FsspecStore(DurableStore):
         full = self.full_path(path)
         return self._retry(f"read of {path}", lambda _a: bytes(self.fs.cat_file(full)), path)
 
+    def get_bytes_many(self, paths: Sequence[str],
+                       then: Callable[[str, bytes | None], Any] | None = None) -> list[Any]:
+        def one(path: str) -> Any:
+            try:
+                data: bytes | None = self.get_bytes(path)
+            except FileNotFoundError:
+                data = None
+            return data if then is None else then(path, data)
+
+        return self._map(one, paths)
+
+    def sizes(self, paths: Sequence[str]) -> list[int | None]:
+        return self._map(self.size, paths)
+
+    def _map(self, fn: Callable[[str], T], paths: Sequence[str]) -> list[T]:
+        paths = list(paths)
+        if len(paths) <= 1:
+            return [fn(p) for p in paths]
+        return list(self._reads().map(fn, paths))
+
     def exists(self, path: str) -> bool:
         return self.size(path) is not None
 
@@ -326,14 +396,10 @@ class FsspecStore(DurableStore):
 
     def delete(self, paths: Iterable[str]) -> None:
         fulls = [self.full_path(p) for p in paths]
-        for full in fulls:
-            def once(_a: int, full: str = full) -> None:
-                try:
-                    self.fs.rm_file(full)
-                except FileNotFoundError:
-                    pass
-
-            self._retry(f"delete of {full}", once)
+        if fulls:
+            # Bulk deletes of up to 1,000 keys per request; missing keys are fine.
+            self._retry(f"delete of {len(fulls)} file(s) under {self.root}",
+                        lambda _a: self.fs.rm_many(fulls))
 
     def list_dir(self, path: str) -> list[str]:
         full = self.full_path(path)
@@ -403,23 +469,26 @@ class FsspecStore(DurableStore):
         # never breaks the other.
         new._up_pool = None
         new._down_pool = None
+        new._read_pool = None
         if self._given_fs is None:
             new._fs = self._fs
         return new
 
     def close(self) -> None:
         with self._lock:
-            for pool in (self._up_pool, self._down_pool):
+            for pool in (self._up_pool, self._down_pool, self._read_pool):
                 if pool is not None:
                     pool.shutdown(wait=True)
             self._up_pool = None
             self._down_pool = None
+            self._read_pool = None
 
 
 def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
                retries: int = 3, storage_options: dict[str, Any] | None = None,
                backoff_s: float = 0.05,
-               fs: fsspec.AbstractFileSystem | None = None) -> FsspecStore:
+               fs: fsspec.AbstractFileSystem | None = None,
+               part_size: int = DEFAULT_PART_SIZE, read_threads: int = 32) -> FsspecStore:
     """Open durable storage at ``url``.
 
     Parameters
@@ -437,6 +506,10 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
         First retry delay in seconds.
     fs : fsspec.AbstractFileSystem, optional
         Use this filesystem instead of resolving the URL (fault injection, wrappers).
+    part_size : int
+        Multipart part size and ranged-download chunk for large files (S3).
+    read_threads : int
+        Parallel small reads (manifests, sizes) of :meth:`FsspecStore.get_bytes_many`.
 
     Returns
     -------
@@ -445,7 +518,13 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
     """
     return FsspecStore(url, upload_threads=upload_threads, download_threads=download_threads,
                        retries=retries, storage_options=storage_options, backoff_s=backoff_s,
-                       fs=fs)
+                       fs=fs, part_size=part_size, read_threads=read_threads)
+
+
+def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    while isinstance(fs, AccountingFileSystem):
+        fs = fs.inner
+    return fs
 
 
 __all__ = ["FsspecStore", "open_store", "bytes_crc32"]

@@ -20,25 +20,29 @@ SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 
 
-def backend(tmp_path) -> RocksDBStateBackend:
+def backend(tmp_path, keep_open: bool) -> RocksDBStateBackend:
     return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
         parallelism=2, local_dir=str(tmp_path / "local"), checkpoint_mode="changelog",
-        materialize_interval=2))
+        materialize_interval=2, keep_instances_open=keep_open))
 
 
-def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(spark, tmp_path):
+# keep_open: instances stay open in the workers between batches and resume recording
+@pytest.mark.parametrize("keep_open", [False, True])
+def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(spark, tmp_path,
+                                                                               keep_open):
     data = random_batches(6, seed=17)
     in_dir, ck = str(tmp_path / "in"), str(tmp_path / "ck")
     write_batches(in_dir, data[:3])
     # FailOnce: partition 0's first attempt of batch 1 fails after updating state
     first = run_stream(spark, in_dir, SCHEMA,
-                       lambda df: backend(tmp_path).transform_with_state(
+                       lambda df: backend(tmp_path, keep_open).transform_with_state(
                            df.groupBy("k"), P.FailOnce(), OUT, operator_id="rc"), ck)
     # the machine is lost while the query is down: working directories, local copies and
     # local changelogs are gone; restore is materialization + changelog replay from durable
-    shutil.rmtree(tmp_path / "local")
+    if not keep_open:  # (kept-open instances would outlive a real machine loss's processes)
+        shutil.rmtree(tmp_path / "local")
     write_batches(in_dir, data[3:], start=3)
-    be = backend(tmp_path)
+    be = backend(tmp_path, keep_open)
     second = run_stream(spark, in_dir, SCHEMA,
                         lambda df: be.transform_with_state(
                             df.groupBy("k"), P.RunningCount(), OUT, operator_id="rc"), ck)

@@ -111,6 +111,11 @@ def test_checkpoint_metrics_from_the_python_api(run):
     assert len(s.partitions) == 2 and s.full_size == sum(p.full_size for p in s.partitions)
     assert s.restore_sources and sum(s.restore_sources.values()) == 2
     assert s.rocksdb["estimated_keys"] >= len(KEYS)
+    # object-store requests: a PUT per file written plus the manifest's, and no listing
+    assert s.requests["checkpoint"]["put"] == s.files_uploaded + len(s.partitions)
+    assert s.requests["checkpoint"]["list"] == 0 and "restore" in s.requests
+    for p in s.partitions:
+        assert p.requests["checkpoint"]["put"] == p.files_uploaded + 1
     for p in s.partitions:  # where each task's time went, stage by stage
         assert set(p.task_ms) == {"input", "restore", "group", "process", "flush"}
         assert all(v >= 0 for v in p.task_ms.values())

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from inproc import frames, run_task
 
 from statebackend.keycodec import decode_grouping_key
 from statebackend.keygroups import key_groups
@@ -81,47 +82,12 @@ def test_task_input_frames_are_the_rows_in_order_without_ticks(raw, min_rows):
 
 # --- map_in_pandas's input read in frames, and a failure while reading it -----------------
 
-def _count(frames, state):
-    """map_in_pandas running count (the benchmark's vector_count, without its checks)."""
-    for pdf in frames:
-        g = pdf.groupby("k").size()
-        keys = pd.Series(g.index, name="k")
-        old = pd.to_numeric(state.get(keys)["c"]).fillna(0).astype("int64").to_numpy()
-        state.put(keys, pd.DataFrame({"c": old + g.to_numpy()}))
-        yield pd.DataFrame({"k": g.index, "v": old + g.to_numpy()})
-
-
-def _run_task(tmp_path, monkeypatch, batch: int, attempt: str, frames, frame_rows=4):
-    """One map_in_pandas task of batch ``batch`` over ``frames`` (Spark's Arrow batches),
-    run in this process: the output frame, and where the task restored its state from."""
-    from statebackend.options import StateBackendOptions
-    from statebackend.spark import runner
-    from statebackend.spark.task import OperatorConfig
-    from statebackend.spark.vector import vector_process
-    from statebackend.storage import open_store
-    from statebackend.storage.manifests import list_published_manifests, operator_store
-
-    config = OperatorConfig(
-        operator_id="frames", checkpoint_location=str(tmp_path / "durable"),
-        storage_options={}, parallelism=1, key=KeySpec(("k",), ("string",)),
-        options=StateBackendOptions(parallelism=1, max_parallelism=128,
-                                    local_dir=str(tmp_path / "local")))
-    process = vector_process(_count, config, "c BIGINT", None, frame_rows)
-    monkeypatch.setattr(runner, "task_identity", lambda _c: (batch, 0, attempt))
-    out = list(runner.run_partition(config, frames, process))
-    store = operator_store(open_store(config.checkpoint_location), "frames")
-    (manifest,) = list_published_manifests(store, batch, 0)
-    return pd.concat(out), manifest.metrics["restore"]["source"]
-
-
-def _frames(rows: list[str]):
-    for i in range(0, len(rows), 3):  # Spark's Arrow batches: 3 rows each here
-        part = rows[i:i + 3]
-        yield pd.DataFrame({"k": part, PTIME_COL: np.full(len(part), 5, np.int64)})
+def _run_task(tmp_path, batch: int, attempt: str, frames, frame_rows=4):
+    return run_task(str(tmp_path), batch, attempt, frames, frame_rows)
 
 
 @pytest.mark.parametrize("fail_at", [0, 2])
-def test_input_lost_mid_task_costs_no_committed_state(tmp_path, monkeypatch, fail_at):
+def test_input_lost_mid_task_costs_no_committed_state(tmp_path, fail_at):
     # A lost shuffle block surfaces as an exception from Spark's batch iterator. On the
     # first frame it comes before the state is opened: the retry reuses the working
     # directory. On a later one the working directory has been opened (its clean marker
@@ -129,17 +95,17 @@ def test_input_lost_mid_task_costs_no_committed_state(tmp_path, monkeypatch, fai
     # batch 0's state and counts batch 1 once.
     b0 = ["a", "b", "a", "c", "a", "d", "b"]
     b1 = ["a", "b", "e", "a", "e", "e", "f", "a"]
-    out0, _ = _run_task(tmp_path, monkeypatch, 0, "t0", _frames(b0))
+    out0, _ = _run_task(tmp_path, 0, "t0", frames(b0))
     assert out0.groupby("k")["v"].max().to_dict() == {"a": 3, "b": 2, "c": 1, "d": 1}
 
     def lost(rows):
-        for i, frame in enumerate(_frames(rows)):
+        for i, frame in enumerate(frames(rows)):
             if i == fail_at:
                 raise OSError("shuffle block lost")
             yield frame
 
     with pytest.raises(OSError, match="shuffle block lost"):
-        _run_task(tmp_path, monkeypatch, 1, "t1-failed", lost(b1))
-    out1, source = _run_task(tmp_path, monkeypatch, 1, "t1-retry", _frames(b1))
+        _run_task(tmp_path, 1, "t1-failed", lost(b1))
+    out1, source = _run_task(tmp_path, 1, "t1-retry", frames(b1))
     assert source == ("working_dir" if fail_at == 0 else "local_copy")
     assert out1.groupby("k")["v"].max().to_dict() == {"a": 6, "b": 3, "e": 3, "f": 1}

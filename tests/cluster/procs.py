@@ -1,12 +1,12 @@
-"""The processor of executor_loss_job.py (shipped to executors with ``addPyFile``)."""
+"""Processors of the cluster scenarios that only make sense on a cluster (imported by
+the executors by module name: cluster_job.py puts this directory on their PYTHONPATH)."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-import pandas as pd
-from pyspark.sql.streaming import StatefulProcessor
+from processors import RunningCount
 
 
 def _executor_jvm_pid() -> int | None:
@@ -35,23 +35,17 @@ def _first_time(marker: str) -> bool:
     return True
 
 
-class KillExecutorOnce(StatefulProcessor):
+class KillExecutorOnce(RunningCount):
     """A running count; partition 0 in micro-batch 1 kills its executor JVM (SIGKILL),
     once, after updating state, as a lost machine would."""
 
     def __init__(self, once_marker: str) -> None:
         self.once_marker = once_marker
 
-    def init(self, handle):
-        self.count = handle.getValueState("count", "count BIGINT")
-
     def handleInputRows(self, key, rows, timerValues):
         from pyspark import TaskContext
 
-        n = sum(len(pdf) for pdf in rows)
-        old = self.count.get()
-        total = n + (old[0] if old is not None else 0)
-        self.count.update((total,))
+        out = list(super().handleInputRows(key, rows, timerValues))
         tc = TaskContext.get()
         if (tc.partitionId() == 0 and tc.getLocalProperty("streaming.sql.batchId") == "1"
                 and _first_time(self.once_marker)):
@@ -61,7 +55,4 @@ class KillExecutorOnce(StatefulProcessor):
                     fh.write(str(pid))
                 os.kill(pid, signal.SIGKILL)
                 os._exit(1)
-        yield pd.DataFrame({"k": [key[0]], "v": [total]})
-
-    def close(self):
-        pass
+        yield from out

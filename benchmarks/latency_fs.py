@@ -1,0 +1,194 @@
+"""A local directory that costs what an object store costs: ``latency://<abs path>``.
+
+Every request (HEAD, PUT, GET, LIST, DELETE) waits ``latency_s``; the bytes of a PUT or
+a GET also wait their turn on a link of ``bandwidth`` bytes/s, one link up and one down
+(full duplex), shared by all threads of the process, so four parallel uploads share the
+100 MB/s rather than getting 400. Directories cost nothing (object stores have none).
+It is not a :class:`~fsspec.implementations.local.LocalFileSystem`, so the store takes its
+object-store path (plain PUTs, no temp file and rename).
+
+    from benchmarks.latency_fs import register, STATS
+    register()
+    store = open_store("latency:///tmp/durable", storage_options={"latency_s": 0.02,
+                                                                  "bandwidth": 100e6})
+
+:data:`STATS` counts requests and bytes both ways for the whole process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+PROTOCOL = "latency"
+
+
+@dataclass
+class Stats:
+    """Requests and bytes that went through any :class:`LatencyFileSystem` of the process."""
+
+    requests: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> tuple[int, int, int]:
+        with self.lock:
+            return self.requests, self.bytes_up, self.bytes_down
+
+
+STATS = Stats()
+
+
+class _Link:
+    """One direction of the network: transfers queue for ``bandwidth`` bytes/s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy_until = 0.0
+
+    def transfer(self, nbytes: int, bandwidth: float) -> None:
+        with self._lock:
+            start = max(time.monotonic(), self._busy_until)
+            self._busy_until = start + nbytes / bandwidth
+            until = self._busy_until
+        delay = until - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+_UP, _DOWN = _Link(), _Link()
+
+
+class _MeteredReader:
+    """A file opened for reading whose bytes pay the download link as they are read."""
+
+    def __init__(self, raw: Any, fs: LatencyFileSystem) -> None:
+        self._raw, self._fs = raw, fs
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._fs._down(len(data))
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> _MeteredReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class LatencyFileSystem(AbstractFileSystem):
+    """A local directory behind an object store's per-request latency and bandwidth.
+
+    Parameters
+    ----------
+    latency_s : float
+        Seconds every request waits (default 20 ms).
+    bandwidth : float
+        Bytes per second of each direction of the link (default 100 MB/s).
+    """
+
+    protocol = PROTOCOL
+    root_marker = "/"
+
+    def __init__(self, latency_s: float = 0.02, bandwidth: float = 100e6, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.latency_s = float(latency_s)
+        self.bandwidth = float(bandwidth)
+        self.inner = LocalFileSystem(auto_mkdir=True)
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        path = str(path)
+        for prefix in (PROTOCOL + "://", PROTOCOL + ":"):
+            if path.startswith(prefix):
+                path = path[len(prefix):]
+                break
+        return path.rstrip("/") or "/"
+
+    # --- costs --------------------------------------------------------------------------
+
+    def _request(self) -> None:
+        with STATS.lock:
+            STATS.requests += 1
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
+
+    def _up(self, nbytes: int) -> None:
+        with STATS.lock:
+            STATS.bytes_up += nbytes
+        _UP.transfer(nbytes, self.bandwidth)
+
+    def _down(self, nbytes: int) -> None:
+        with STATS.lock:
+            STATS.bytes_down += nbytes
+        _DOWN.transfer(nbytes, self.bandwidth)
+
+    # --- the requests the store makes ---------------------------------------------------
+
+    def info(self, path: str, **kwargs: Any) -> dict:
+        self._request()
+        return self.inner.info(self._strip_protocol(path))
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list:
+        self._request()
+        return self.inner.ls(self._strip_protocol(path), detail=detail)
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False,
+             detail: bool = False, **kwargs: Any) -> Any:
+        self._request()  # one LIST of a prefix
+        return self.inner.find(self._strip_protocol(path), maxdepth=maxdepth,
+                               withdirs=withdirs, detail=detail)
+
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
+        import os
+
+        self._request()
+        self._up(os.path.getsize(lpath))
+        self.inner.put_file(lpath, self._strip_protocol(rpath))
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        self._request()
+        self._up(len(value))
+        self.inner.pipe_file(self._strip_protocol(path), value)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None,
+                 **kwargs: Any) -> bytes:
+        self._request()
+        data = self.inner.cat_file(self._strip_protocol(path), start=start, end=end)
+        self._down(len(data))
+        return data
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" not in mode:
+            raise NotImplementedError("write through put_file/pipe_file (one PUT each)")
+        self._request()
+        return _MeteredReader(self.inner._open(self._strip_protocol(path), mode), self)
+
+    def rm_file(self, path: str) -> None:
+        self._request()
+        self.inner.rm_file(self._strip_protocol(path))
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.inner.makedirs(self._strip_protocol(path), exist_ok=True)
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.inner.makedirs(self._strip_protocol(path), exist_ok=True)
+
+
+def register() -> None:
+    """Make ``latency://`` known to fsspec in this process."""
+    fsspec.register_implementation(PROTOCOL, LatencyFileSystem, clobber=True)

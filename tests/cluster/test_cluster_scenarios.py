@@ -1,0 +1,152 @@
+"""The running-count, timer and fault scenarios on the cluster test bed (conftest.py):
+two executors with their own JVMs, Python workers and local directories, state on S3.
+Each ends with output identical to a failure-free run (a pandas reference for the counts,
+the same query on ``local[2]`` for the timers), and every partition of every completed
+checkpoint restored from a known source."""
+
+from __future__ import annotations
+
+import boto3
+import pandas as pd
+import processors as P
+import pytest
+from cluster_job import run_job
+from harness import random_batches, run_stream, running_counts, write_batches
+
+from statebackend import RocksDBStateBackend, StateBackendOptions
+
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
+
+SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
+OUT = "k STRING, v BIGINT"
+SOURCES = {"empty", "working_dir", "local_copy", "durable"}  # empty: checkpoint 0
+
+
+def sliding_batches(n: int, seed: int = 7, rows: int = 60) -> list[pd.DataFrame]:
+    """Keys move on from batch to batch, event time moves forward 10 s per batch: keys go
+    quiet and their timers and timeouts fire."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [pd.DataFrame({
+        "k": [f"key{i}" for i in rng.integers(b * 3, b * 3 + 6, rows)],
+        "x": rng.integers(0, 100, rows).astype("int64"),
+        "ts": pd.Timestamp("2026-01-01") + pd.to_timedelta(b * 10 + rng.random(rows) * 5,
+                                                           unit="s")}) for b in range(n)]
+
+
+COUNT = random_batches(6, seed=3)           # 4 batches, then 2 more after a restart
+FAULT = random_batches(3, seed=21, rows=40, keys=8)
+SLIDING = sliding_batches(5)
+SCENARIOS = [  # (name, data, batches before the restart or None, watermark)
+    ("count", COUNT, 4, False),
+    ("processing_timer", SLIDING, None, False),
+    ("event_timer", SLIDING, None, True),
+    ("event_timeout", SLIDING, None, True),
+    ("task_failure", FAULT, None, False),
+    ("worker_killed", FAULT, None, False),
+    ("executor_lost", FAULT, None, False),  # last: it kills an executor
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_server, tmp_path_factory) -> dict:
+    """Every scenario, run once on one cluster; the job's result per scenario."""
+    work = tmp_path_factory.mktemp("cluster")
+    bucket = "sb-cluster"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
+        Bucket=bucket)
+    scenarios = []
+    for name, data, first, watermark in SCENARIOS:
+        sc = {"name": name, "input": str(work / name / "in"), "watermark": watermark}
+        write_batches(sc["input"], data[:first])
+        if first is not None:
+            sc["more"] = str(work / name / "more")
+            write_batches(sc["more"], data[first:], start=first)
+        scenarios.append(sc)
+    res = run_job({"work": str(work), "endpoint": moto_server, "bucket": bucket,
+                   "scenarios": scenarios}, str(work))
+    for name, r in res.items():  # shown with -s: where each partition restored from
+        print(f"{name}: restores {r['restores']}, executor dirs {r['executor_dirs']}")
+    return res
+
+
+def frames(out: dict[str, list]) -> dict[int, pd.DataFrame]:
+    return {int(b): pd.DataFrame(rows, columns=["k", "v"]).astype({"v": "int64"})
+            for b, rows in out.items()}
+
+
+def same_output(ours: dict[str, list], ref: dict[int, pd.DataFrame]) -> None:
+    got = frames(ours)
+    assert sorted(got) == sorted(ref)
+    for b in ref:
+        exp = ref[b].sort_values(["k", "v"]).reset_index(drop=True).astype({"v": "int64"})
+        pd.testing.assert_frame_equal(got[b], exp[["k", "v"]], check_dtype=False,
+                                      obj=f"micro-batch {b}")
+
+
+def check_restores(res: dict, n_batches: int) -> None:
+    assert res["completed"] == list(range(n_batches))[-3:]  # num_retained=3
+    for b in res["completed"]:
+        assert set(res["restores"][str(b)]) == {"0", "1"}
+        assert set(res["restores"][str(b)].values()) <= SOURCES, res["restores"]
+
+
+def test_running_count_and_restart(cluster):
+    res = cluster["count"]
+    same_output(res["out"], running_counts(COUNT)[0])
+    check_restores(res, len(COUNT))
+
+
+def test_executors_keep_separate_local_directories(cluster):
+    dirs = set().union(*(set(r["executor_dirs"]) for r in cluster.values()))
+    # one directory per executor id, never the unexpanded placeholder; both executors
+    # (and possibly the one replacing the lost executor) held state
+    assert {"0", "1"} <= dirs and dirs <= {"0", "1", "2"}, dirs
+
+
+def local_reference(spark, tmp_path, build, data=SLIDING,
+                    watermark=("ts", "5 seconds")) -> dict[int, pd.DataFrame]:
+    """The same query, failure-free, on the local[2] session of tests/spark."""
+    write_batches(str(tmp_path / "in"), data)
+    be = RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
+        parallelism=2, local_dir=str(tmp_path / "local")))
+    return run_stream(spark, str(tmp_path / "in"), SCHEMA, lambda df: build(be, df),
+                      str(tmp_path / "ck"), watermark=watermark)
+
+
+def test_processing_time_timers(cluster, spark, tmp_path):
+    # each batch's timers are due by the next batch's processing time: they fire there
+    ref = local_reference(spark, tmp_path, lambda be, df: be.transform_with_state(
+        df.groupBy("k"), P.ProcessingTimer(), OUT, "Update", "ProcessingTime",
+        operator_id="t"), watermark=None)
+    assert any((v["v"] < 0).any() for v in ref.values())  # some timers fired
+    same_output(cluster["processing_timer"]["out"], ref)
+    check_restores(cluster["processing_timer"], len(SLIDING))
+
+
+def test_event_time_timers(cluster, spark, tmp_path):
+    ref = local_reference(spark, tmp_path, lambda be, df: be.transform_with_state(
+        df.groupBy("k"), P.EventTimer(), OUT, "Update", "EventTime", operator_id="t"))
+    assert sum(len(v) for v in ref.values()) > 0  # some timers fired
+    same_output(cluster["event_timer"]["out"], ref)
+    check_restores(cluster["event_timer"], len(SLIDING))
+
+
+def test_event_time_timeouts(cluster, spark, tmp_path):
+    ref = local_reference(spark, tmp_path, lambda be, df: be.apply_in_pandas_with_state(
+        df.groupBy("k"), P.event_timeout_fn, OUT, "s BIGINT", "Update", P.EVENT_TIMEOUT,
+        operator_id="t"))
+    assert any((v["v"] < 0).any() for v in ref.values())  # some keys timed out
+    same_output(cluster["event_timeout"]["out"], ref)
+    check_restores(cluster["event_timeout"], len(SLIDING))
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("name", ["task_failure", "worker_killed", "executor_lost"])
+def test_fault_ends_with_failure_free_output(cluster, name):
+    res = cluster[name]
+    same_output(res["out"], running_counts(FAULT)[0])
+    check_restores(res, len(FAULT))
+    if name == "executor_lost":
+        assert res["killed"], "the executor was never killed: the fault did not happen"

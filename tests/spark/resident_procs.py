@@ -1,0 +1,27 @@
+"""Another Python worker of the same executor, for tests/spark/test_resident.py: runs one
+task of the in-process running count with keep_instances_open, prints its result as JSON,
+then exits cleanly ("exit") or dies with its instance still open ("crash"). An optional
+last argument sets how long it waits for a handover (the tests of a live owner wait long:
+a loaded machine may take more than the product's 1 s to run the owner's timer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from inproc import frames, run_task
+
+from statebackend.recovery import resident
+
+if __name__ == "__main__":
+    root, batch, attempt, rows, how = sys.argv[1:6]
+    if len(sys.argv) > 6:
+        resident.HANDOVER_WAIT_S = float(sys.argv[6])
+    out, source = run_task(root, int(batch), attempt, frames(rows.split(",")),
+                           keep_instances_open=True)
+    print(json.dumps({"source": source, "pid": os.getpid(),
+                      "counts": {k: int(v) for k, v in out.groupby("k")["v"].max().items()}}),
+          flush=True)
+    if how == "crash":
+        os._exit(0)  # no atexit: the instance stays open until the kernel drops the process
