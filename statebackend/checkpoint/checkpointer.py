@@ -29,6 +29,7 @@ from ..errors import CheckpointError, CommitFailedError, CorruptStateError, Stor
 from ..options import StateBackendOptions
 from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery
 from ..rocksdb.instance import RocksDBInstance
+from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, publish_manifest
 from .changelog import ChangelogWriter
@@ -395,6 +396,7 @@ class PartitionCheckpointer:
         try:
             stats = rec.finish()
             os.replace(rec.path, local_log)
+            counts0 = self.store.request_counts()
             lineage = Lineage.of(base)
             if base is not None and base.partition != self.partition:
                 # rescaled: the old partition's materialization in flight is not ours to
@@ -409,14 +411,17 @@ class PartitionCheckpointer:
             sync_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             adir = attempt_dir(n, self.partition, attempt)
-            existing = self.store.list_dir(adir)
-            if existing:
-                raise CommitFailedError(
-                    f"checkpoint {n} partition {self.partition}: attempt {attempt!r} already "
-                    f"left {len(existing)} file(s) under {adir}; durable files are never "
-                    f"overwritten, so retry under a fresh attempt name")
             name = changelog_name(n)
-            (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
+            try:
+                # no listing first: the upload refuses an existing name (a reused attempt)
+                (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
+            except StorageError as exc:
+                if isinstance(exc.__cause__, FileExistsError):
+                    raise CommitFailedError(
+                        f"checkpoint {n} partition {self.partition}: attempt {attempt!r} "
+                        f"already wrote {adir}/{name}; durable files are never overwritten, "
+                        f"so retry under a fresh attempt name") from exc
+                raise
             if (t.size, t.checksum) != (stats.size, stats.checksum):
                 raise StorageError(f"checkpoint {n} partition {self.partition}: changelog "
                                    f"changed while uploading ({stats.size} bytes "
@@ -441,8 +446,13 @@ class PartitionCheckpointer:
                          "bytes": stats.size, "since_materialization":
                          lineage.changelog_size + stats.size,
                          "adoption": adoption, "materialization_started": snapshot is not None}
-            manifest = manifest.with_metrics(**(extra_metrics or {}), **metrics.to_dict(),
-                                             changelog=changelog)
+            extra = dict(extra_metrics or {})
+            counts1 = self.store.request_counts()
+            if counts0 is not None and counts1 is not None:
+                # the changelog's requests, the adoption's read, plus the manifest's PUT
+                extra["checkpoint_requests"] = (counts1 - counts0
+                                                + RequestCounts(put=1)).to_dict()
+            manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
             publish_manifest(self.store, manifest)
         except BaseException:
             rec.abort()
