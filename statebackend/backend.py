@@ -467,6 +467,10 @@ def complete_pending(coordinator, up_to: int | None = None) -> list:
     latest = coordinator.latest()
     n = 0 if latest is None else latest.checkpoint_id + 1
     while True:
+        if up_to is not None and n > up_to:
+            # Spark has not finished that batch: trying it would cost a listing of its
+            # directory (and reads of the manifests published so far) every micro-batch
+            break
         record = coordinator.try_complete(n)
         if record is None:
             if up_to is not None and n < up_to and not coordinator.anything_published(n):

@@ -14,8 +14,12 @@
 writes to the store except ``gc`` without ``--dry-run``, ``savepoint`` and
 ``migrate-savepoint`` (which writes a new savepoint and never changes its source).
 
+``--json`` prints one JSON document instead of a table or summary. The long commands
+(``verify``, ``read``, ``gc``, ``savepoint``, ``migrate-savepoint``) redraw a progress line on
+stderr when it is a terminal (:mod:`statebackend.progress`); ``-q``/``--quiet`` hides it.
+
 Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
-3 no such operator or checkpoint; 4 storage failure or unreadable state.
+3 no such operator or checkpoint; 4 storage failure or unreadable state; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -39,6 +43,8 @@ from .checkpoint.manifest import (
     completed_record_path,
 )
 from .errors import CheckpointNotFoundError, OptionsError, StateBackendError, StorageError
+from .progress import Progress, ProgressFn
+from .progress import format_bytes as _size
 from .storage.base import DurableStore, StoreFileNotFoundError, Transfer
 from .storage.checksum import crc32_stream
 
@@ -53,14 +59,6 @@ _PIN = re.compile(r"^chk-(\d+)$")
 # --- output helpers ----------------------------------------------------------------------
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _when(ms: int) -> str:
     if not ms:
         return "-"
@@ -73,29 +71,6 @@ def _table(rows: list[list[Any]], header: list[str], out: TextIO) -> None:
     for r in cells:
         out.write("  ".join(c.rjust(w) if i else c.ljust(w)
                             for i, (c, w) in enumerate(zip(r, widths))).rstrip() + "\n")
-
-
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, label: str, total: int, enabled: bool) -> None:
-        self.label, self.total, self.enabled, self.done = label, total, enabled, 0
-
-    def update(self, done: int | None = None, total: int | None = None) -> None:
-        self.done = self.done + 1 if done is None else done
-        if total is not None:
-            self.total = total
-        if not self.enabled:
-            return
-        width = 30
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * int(frac * width)
-        sys.stderr.write(f"\r{self.label} [{bar:<{width}}] {self.done}/{self.total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 # --- reading the operator's records (read-only; no coordinator, which would delete) ------
@@ -200,11 +175,11 @@ def _checksum(store: DurableStore, path: str) -> str:
 
 
 def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[int] | None = None,
-                       *, checksums: bool = True,
-                       progress: Callable[[int, int], None] | None = None
+                       *, checksums: bool = True, progress: ProgressFn | None = None
                        ) -> tuple[list[Problem], int, int]:
     """Check that every file the chosen manifests reference exists with its recorded size
     (and CRC32 when ``checksums``). A file shared by several checkpoints is read once.
+    ``progress(files, total_files, bytes, total_bytes)`` is called after each file.
 
     Returns
     -------
@@ -241,12 +216,11 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
                 continue
             for f in m.files:
                 todo.setdefault(f.path, (n, p, f))
-    done = 0
-    total_bytes = 0
+    done = done_bytes = 0
+    total_bytes = sum(f.size for _, _, f in todo.values())
     ordered = sorted(todo.items())
     sizes = store.sizes([f"{op}/{path}" for path, _ in ordered])  # in parallel
     for (path, (n, p, f)), got in zip(ordered, sizes):
-        total_bytes += f.size
         if got is None:
             problems.append(Problem(n, p, path, "missing"))
         elif got != f.size:
@@ -260,8 +234,9 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
                 if crc != f.checksum:
                     problems.append(Problem(n, p, path, f"checksum {crc}, recorded {f.checksum}"))
         done += 1
+        done_bytes += f.size
         if progress is not None:
-            progress(done, len(todo))
+            progress(done, len(todo), done_bytes, total_bytes)
     return problems, len(todo), total_bytes
 
 
@@ -275,14 +250,19 @@ class RecordingStore(DurableStore):
     an in-memory overlay, so running the real
     :class:`~statebackend.coordinator.CheckpointCoordinator` over it gives exactly the
     deletions a real run would make now, with nothing changed. Either way ``deleted``
-    lists the paths deleted (relative to the store root).
+    lists the paths deleted (relative to the store root) and ``deleted_bytes`` their size;
+    ``progress`` is told of every record or manifest read and every file deleted.
     """
 
-    def __init__(self, inner: DurableStore, dry_run: bool = True) -> None:
+    def __init__(self, inner: DurableStore, dry_run: bool = True,
+                 progress: ProgressFn | None = None) -> None:
         self.inner = inner
         self.root = inner.root
         self.dry_run = dry_run
+        self.progress = progress
+        self.reads = 0
         self.deleted: list[str] = []
+        self.deleted_bytes = 0
         self._gone: set[str] = set()
         self._written: dict[str, bytes] = {}
 
@@ -307,7 +287,11 @@ class RecordingStore(DurableStore):
             raise StoreFileNotFoundError(path)
         if path in self._written:
             return self._written[path]
-        return self.inner.get_bytes(path)
+        data = self.inner.get_bytes(path)
+        self.reads += 1
+        if self.progress is not None:
+            self.progress(self.reads, unit="records and manifests read")
+        return data
 
     def exists(self, path: str) -> bool:
         return self.size(path) is not None
@@ -321,15 +305,21 @@ class RecordingStore(DurableStore):
 
     def delete(self, paths: Iterable[str]) -> None:
         paths = list(paths)
-        for p in paths:
-            if p not in self._gone and (p in self._written or self.inner.exists(p)):
-                self.deleted.append(p)
+        stored = [p for p in paths if p not in self._gone and p not in self._written]
+        size_of = dict(zip(stored, self.inner.sizes(stored)))  # in parallel where it can
+        size_of.update((p, len(self._written[p])) for p in paths if p in self._written)
+        found = [(p, size_of[p]) for p in paths
+                 if p not in self._gone and size_of.get(p) is not None]
         if not self.dry_run:
             self.inner.delete(paths)
-            return
-        for p in paths:
-            self._gone.add(p)
-            self._written.pop(p, None)
+        else:
+            for p in paths:
+                self._gone.add(p)
+                self._written.pop(p, None)
+        self.deleted.extend(p for p, _ in found)
+        self.deleted_bytes += sum(n for _, n in found)
+        if found and self.progress is not None:
+            self.progress(len(self.deleted), None, self.deleted_bytes, unit="files deleted")
 
     def list_dir(self, path: str) -> list[str]:
         listed = {p for p in self.inner.list_dir(path) if p not in self._gone}
@@ -337,10 +327,11 @@ class RecordingStore(DurableStore):
         return sorted(listed)
 
 
-def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = True
-           ) -> tuple[list[str], list[int]]:
+def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = True,
+           progress: ProgressFn | None = None) -> tuple[list[str], list[int]]:
     """Apply retention and garbage collection as the coordinator does (``dry_run``: only
-    compute what it would delete now, changing nothing).
+    compute what it would delete now, changing nothing; ``progress``: see
+    :class:`RecordingStore`; how much there is to do is not known in advance).
 
     It runs the coordinator itself (its rebuild finishes pending work and collects), so
     the answer is the coordinator's, not a re-implementation of it.
@@ -357,7 +348,7 @@ def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = T
         raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
                                       f"{store.root}")
     latest = records[max(records)]
-    rec = RecordingStore(store, dry_run=dry_run)
+    rec = RecordingStore(store, dry_run=dry_run, progress=progress)
     coord = CheckpointCoordinator(rec, op, parallelism=latest.parallelism,
                                   max_parallelism=latest.max_parallelism,
                                   num_retained=num_retained)
@@ -368,6 +359,12 @@ def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = T
 
 
 # --- commands ---------------------------------------------------------------------------
+
+
+def _progress(args: argparse.Namespace, label: str, unit: str) -> Progress:
+    """The progress line of a long command: on stderr when it is a terminal, unless
+    ``--quiet``."""
+    return Progress(label, unit, enabled=False if args.quiet else None)
 
 
 def _open(args: argparse.Namespace) -> DurableStore:
@@ -481,13 +478,10 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     store = _open(args)
     op = args.operator
     ids = None if args.checkpoint is None else [args.checkpoint]
-    bar = Progress("verifying", 0, args.progress)
-    try:
-        problems, nfiles, nbytes = verify_checkpoints(
-            store, op, ids, checksums=not args.size_only,
-            progress=lambda d, t: bar.update(d, t))
-    finally:
-        bar.close()
+    with _progress(args, "verify", "files") as bar:
+        problems, nfiles, nbytes = verify_checkpoints(store, op, ids,
+                                                      checksums=not args.size_only,
+                                                      progress=bar)
     if args.json:
         out.write(json.dumps({"ok": not problems, "files": nfiles, "bytes": nbytes,
                               "problems": [vars(p) for p in problems]}) + "\n")
@@ -506,7 +500,9 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     store = _open(args)
     op = args.operator
-    paths, dropped = run_gc(store, op, args.num_retained, dry_run=args.dry_run)
+    with _progress(args, "gc", "files read") as bar:
+        paths, dropped = run_gc(store, op, args.num_retained, dry_run=args.dry_run,
+                                progress=bar)
     if args.json:
         out.write(json.dumps({"dry_run": args.dry_run, "checkpoints": dropped,
                               "files": paths}) + "\n")
@@ -527,13 +523,9 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     key_types = args.key_types.split(",") if args.key_types else None
     view = load_checkpoint(store, op, args.checkpoint, key_types=key_types)
     parts = args.partition if args.partition else None
-    n = len(parts) if parts else len(view.manifests)
-    bar = Progress("reading partitions", n, args.progress)
-    try:
+    with _progress(args, "read", "partitions") as bar:
         rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
-                              view=view, progress=lambda d, t: bar.update(d, t)))
-    finally:
-        bar.close()
+                              view=view, progress=bar))
     frame = rows_to_pandas(rows, view, args.state)
     fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
                           else "parquet")
@@ -544,7 +536,13 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
             raise StateBackendError("Parquet cannot go to standard output; give a file name "
                                     "or use --format csv")
         frame.to_parquet(args.output, index=False)
-    if args.output != "-":
+    if args.output == "-":
+        return EXIT_OK  # standard output holds the data
+    if args.json:
+        out.write(json.dumps({"rows": len(frame), "checkpoint_id": view.record.checkpoint_id,
+                              "state": args.state, "output": args.output,
+                              "format": fmt}) + "\n")
+    else:
         out.write(f"wrote {len(frame)} rows of checkpoint {view.record.checkpoint_id} "
                   f"({'all states' if args.state is None else 'state ' + args.state}) to "
                   f"{args.output}\n")
@@ -570,8 +568,9 @@ def cmd_savepoint(args: argparse.Namespace, out: TextIO) -> int:
     store = _open(args)
     # Reads a completed checkpoint only; if retention of a running query deletes it
     # meanwhile, the savepoint fails before publishing anything (run it again).
-    m = create_savepoint(store, args.operator, args.name, checkpoint_id=args.checkpoint,
-                         compression=args.compression)
+    with _progress(args, "savepoint", "partitions") as bar:
+        m = create_savepoint(store, args.operator, args.name, checkpoint_id=args.checkpoint,
+                             compression=args.compression, progress=bar)
     where = f"{args.operator}/{savepoint_dir(m.name)}"
     if args.json:
         out.write(json.dumps({"name": m.name, "path": where, "checkpoint_id": m.checkpoint_id,
@@ -590,9 +589,11 @@ def cmd_migrate_savepoint(args: argparse.Namespace, out: TextIO) -> int:
     store = _open(args)
     key_types = [t.strip() for t in args.key_types.split(",")] if args.key_types else None
     try:
-        m = migrate_savepoint(store, args.operator, args.name, args.new_name,
-                              args.max_parallelism, key_types=key_types,
-                              parallelism=args.parallelism, compression=args.compression)
+        with _progress(args, "migrate-savepoint", "key groups") as bar:
+            m = migrate_savepoint(store, args.operator, args.name, args.new_name,
+                                  args.max_parallelism, key_types=key_types,
+                                  parallelism=args.parallelism, compression=args.compression,
+                                  progress=bar)
     except OptionsError as exc:  # a bad --max-parallelism, --parallelism or --key-types
         sys.stderr.write(f"statebackend: {exc}\n")
         return EXIT_USAGE
@@ -618,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="statebackend", description="Inspect, verify, garbage-collect and read the "
         "checkpoints of a statebackend RocksDB state location (no Spark needed).",
         epilog="exit codes: 0 ok, 1 verify found problems, 2 bad usage, 3 no such operator "
-        "or checkpoint, 4 storage failure or unreadable state",
+        "or checkpoint, 4 storage failure or unreadable state, 130 interrupted",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -631,16 +632,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("operator", metavar="OPERATOR", help="operator id")
         p.add_argument("--storage-options", metavar="JSON",
                        help="fsspec options as JSON, e.g. '{\"anon\": false}'")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--json", action="store_true",
+                       help="machine-readable output (one JSON document; metrics: JSON lines)")
+        p.add_argument("-q", "--quiet", "--no-progress", dest="quiet", action="store_true",
+                       help="no progress line on stderr (shown only when stderr is a "
+                            "terminal anyway)")
 
     def checkpoint_arg(p: argparse.ArgumentParser, what: str) -> None:
         p.add_argument("checkpoint", metavar="ID", nargs="?", type=int, default=None,
                        help=what)
-
-    def progress_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--progress", action=argparse.BooleanOptionalAction,
-                       default=sys.stderr.isatty(),
-                       help="progress bar on stderr (default: when stderr is a terminal)")
 
     p = sub.add_parser("list", help="operators, or the retained checkpoints of one")
     common(p, "optional")
@@ -656,7 +656,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     checkpoint_arg(p, "checkpoint id (default: every retained checkpoint)")
     p.add_argument("--size-only", action="store_true", help="skip reading files for checksums")
-    progress_arg(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("gc", help="delete what retention drops (--dry-run: only show it)")
@@ -678,7 +677,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["parquet", "csv"], default=None)
     p.add_argument("--key-types", default=None,
                    help="grouping-key types, comma separated, if the checkpoint lacks them")
-    progress_arg(p)
     p.set_defaults(func=cmd_read)
 
     p = sub.add_parser("savepoint", help="write a self-contained savepoint of a checkpoint")

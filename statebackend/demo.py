@@ -6,9 +6,10 @@
 It writes a deterministic event stream as files (one file per micro-batch), runs an
 unmodified ``StatefulProcessor`` (a running count and sum per user) through
 ``RocksDBStateBackend.transform_with_state``, prints one progress line per micro-batch, and
-checks at the end that the totals equal a pandas computation over all input. Interrupt it
-(Ctrl-C) and run it again: Spark resumes from its checkpoint, the backend restores the
-state of the last completed batch, and the totals still match.
+checks at the end that the totals equal a pandas computation over all input. Ctrl-C stops
+the query cleanly (exit status 130) with one line naming the last committed batch; run the
+same command again and it resumes from there: Spark from its checkpoint, the backend from
+the state of that batch, and the totals still match. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
@@ -88,13 +89,21 @@ def spark_session(master: str, partitions: int):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName("statebackend-demo")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")  # our own line per batch instead
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", str(partitions))
-             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-             .getOrCreate())
+    from statebackend.spark.session import start_jvm_detached
+
+    conf = {"spark.master": master, "spark.app.name": "statebackend-demo",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",  # our own line per batch instead
+            "spark.driver.host": "127.0.0.1",
+            "spark.sql.shuffle.partitions": str(partitions),
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false"}
+    # Ctrl-C reaches only this process: Spark's Python workers would otherwise die
+    # mid-task with a KeyboardInterrupt traceback each
+    start_jvm_detached(conf)
+    builder = SparkSession.builder
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -112,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
+    from statebackend.spark.listener import release
+    from statebackend.supervisor import (
+        EXIT_INTERRUPTED,
+        InterruptGuard,
+        await_query,
+        interrupted_line,
+    )
 
     base = os.path.abspath(args.dir)
     if args.fresh:
@@ -130,39 +146,52 @@ def main(argv: list[str] | None = None) -> int:
               .parquet(input_dir))
     out = backend.transform_with_state(events.groupBy("user"), RunningTotals(), OUTPUT_SCHEMA,
                                        "Update", "None", operator_id="running-totals")
-    results_dir = os.path.join(base, "results")
+    output_dir = os.path.join(base, "output")
     started = time.perf_counter()
+    printed: set[int] = set()
 
-    def on_batch(batch_df, batch_id: int) -> None:
-        # idempotent per batch id: a replayed batch overwrites its own output file
-        pdf = batch_df.toPandas()
-        os.makedirs(results_dir, exist_ok=True)
-        pdf.to_parquet(os.path.join(results_dir, f"batch-{batch_id:05d}.parquet"), index=False)
+    def print_new_batches(query) -> None:
+        # one line per committed micro-batch, printed by the waiting (main) thread
+        for p in sorted(query.recentProgress, key=lambda p: p.batchId):
+            if p.batchId not in printed and p.numInputRows > 0:
+                printed.add(p.batchId)
+                backend.complete("running-totals")  # the listener may not have run yet
+                print(progress_line(backend, p.batchId, p.sink.numOutputRows, started),
+                      flush=True)
+
+    with InterruptGuard() as guard:
+        # A file sink, not foreachBatch: the batch's Spark jobs then run in Spark's own
+        # thread, and stopping on Ctrl-C cancels them cleanly (a job cancelled inside a
+        # Python foreachBatch function fails that function with a long Java traceback).
+        # The sink's log makes the output exactly-once across stops and reruns.
+        query = (out.writeStream.format("parquet").option("path", output_dir)
+                 .option("checkpointLocation", os.path.join(base, "spark-checkpoint"))
+                 .trigger(availableNow=True).start())
+        finished = await_query(query, guard, poll_s=0.25, on_poll=print_new_batches)
+        print_new_batches(query)
         backend.complete("running-totals")
-        print(progress_line(backend, batch_id, pdf, started), flush=True)
-
-    query = (out.writeStream.foreachBatch(on_batch)
-             .option("checkpointLocation", os.path.join(base, "spark-checkpoint"))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume", flush=True)
-        query.stop()
-        return 130
-    backend.complete("running-totals")
-    ok = verify(results_dir, args)
-    if own_session:
-        spark.stop()
+        if finished:
+            ok = verify(spark, output_dir, args)
+        else:
+            latest = backend.coordinator("running-totals").latest()
+            print(interrupted_line({"running-totals": None if latest is None
+                                    else latest.checkpoint_id}), flush=True)
+        if own_session:
+            release(spark)  # the listener goes before the session, so no listener errors
+            spark.stop()
+    if not finished:
+        return EXIT_INTERRUPTED
     return 0 if ok else 1
 
 
-def progress_line(backend, batch_id: int, pdf: pd.DataFrame, started: float) -> str:
+def progress_line(backend, batch_id: int, out_rows: int, started: float) -> str:
     try:
         info = backend.checkpoint_summary("running-totals", batch_id)
     except Exception as exc:  # the line is informative only; never fail the batch for it
         info = {"restore_sources": f"(no summary: {exc})"}
-    parts = [f"batch {batch_id:>3}", f"out rows {len(pdf):>6}"]
+    parts = [f"batch {batch_id:>3}"]
+    if out_rows >= 0:  # -1: the sink did not count
+        parts.append(f"out rows {out_rows:>6}")
     for label, key, fmt in (("events", "rows", "{:>7}"), ("keys in batch", "keys", "{:>6}"),
                             ("state", "full_size", "{:>9} B"),
                             ("uploaded", "bytes_uploaded", "{:>9} B"),
@@ -175,18 +204,20 @@ def progress_line(backend, batch_id: int, pdf: pd.DataFrame, started: float) -> 
     return " | ".join(parts)
 
 
-def verify(results_dir: str, args) -> bool:
-    files = sorted(os.listdir(results_dir)) if os.path.isdir(results_dir) else []
-    frames = []
-    for f in files:
-        pdf = pd.read_parquet(os.path.join(results_dir, f))
-        pdf["batch"] = int(f.split("-")[1].split(".")[0])
-        frames.append(pdf)
-    if not frames:
+def verify(spark, output_dir: str, args) -> bool:
+    """The latest totals per user in the output equal a pandas computation over all input.
+
+    Read through Spark so that only committed output counts (the sink's log ignores files
+    of a batch that was stopped and ran again). Counts only grow: a user's latest row is
+    the one with the largest count."""
+    try:
+        allout = spark.read.parquet(output_dir).toPandas()
+    except Exception:  # noqa: BLE001 - no committed output yet: nothing to read
+        allout = pd.DataFrame(columns=["user", "count", "total"])
+    if not len(allout):
         print("no output yet")
         return False
-    allout = pd.concat(frames)
-    latest = (allout.sort_values(["user", "batch"]).groupby("user").tail(1)
+    latest = (allout.sort_values(["user", "count"]).groupby("user").tail(1)
               .sort_values("user").reset_index(drop=True))
     expected = expected_totals(args.batches, args.events, args.keys)
     same = (len(latest) == len(expected)

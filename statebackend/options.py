@@ -377,7 +377,7 @@ class StateBackendOptions:
         share a machine keep separate local state, as separate hosts would.
     num_local_retained : int, default 2
         Local checkpoint copies kept per partition (>= 1).
-    keep_instances_open : bool, default False
+    keep_instances_open : bool, default True
         Keep each partition's RocksDB instance open in the Python worker between
         micro-batches (compactions complete; the next task in the same worker skips the
         restore). See :mod:`statebackend.recovery.resident`.
@@ -485,7 +485,7 @@ class StateBackendOptions:
         2, "Local checkpoint copies kept per partition when local_recovery is on.",
         "int", low=1, high=10_000)
     keep_instances_open: bool = _opt(
-        False, "Keep each partition's RocksDB instance open in the Python worker between "
+        True, "Keep each partition's RocksDB instance open in the Python worker between "
         "micro-batches: its compactions complete, and the next task of the partition in "
         "the same worker reuses it without a restore.", "bool")
     instance_idle_timeout: float = _opt(

@@ -14,6 +14,12 @@ the strategy gives up::
     result = backend.supervise(start)          # strategy from the options
     result.failures[0].decision.reason         # "exponential-delay: restart 1 in 1.07s ..."
 
+Ctrl-C (SIGINT) while a supervised query runs stops it cleanly: :class:`InterruptGuard`
+turns the signal into a flag, the waiting thread stops the query itself (never in the
+middle of a py4j call), completes what the last batch published, and one line says which
+batch was the last committed and that running the same command again resumes from there;
+the process then exits with status 130. A second Ctrl-C exits at once.
+
 :func:`restore_report` tells, per partition of a checkpoint, where its state was restored
 from (working directory, local copy, durable storage): after a task failure only the
 failed partition falls back, the others keep their working directory.
@@ -22,10 +28,15 @@ failed partition falls back, the others keep their working directory.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from .errors import (
     IncompatibleStateError,
@@ -33,12 +44,17 @@ from .errors import (
     RestartsExhaustedError,
     UnsafePathError,
 )
+from .progress import ProgressFn
 from .recovery.restart import Clock, MonotonicClock, RestartDecision, RestartStrategy
 
 __all__ = [
+    "EXIT_INTERRUPTED",
     "FailureRecord",
+    "InterruptGuard",
     "PartitionRestore",
     "SupervisionResult",
+    "await_query",
+    "interrupted_line",
     "is_recoverable",
     "restore_counts",
     "restore_report",
@@ -56,10 +72,114 @@ _FATAL_NAMES = ("IncompatibleStateError", "OptionsError", "UnknownOptionError",
                 "UnsafePathError")
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a process stopped by Ctrl-C
+
+
 class QueryLike(Protocol):
     """What :func:`supervise` needs of a started query (``pyspark`` ``StreamingQuery``)."""
 
-    def awaitTermination(self, timeout: int | None = None) -> bool | None: ...
+    def awaitTermination(self, timeout: float | None = None) -> bool | None: ...
+
+    def stop(self) -> None: ...
+
+
+# --- Ctrl-C -------------------------------------------------------------------------
+
+
+class InterruptGuard:
+    """Within ``with InterruptGuard() as guard:``, Ctrl-C (SIGINT) only sets
+    ``guard.interrupted``; a second Ctrl-C exits the process at once with status 130.
+
+    PySpark's own handler raises ``KeyboardInterrupt`` wherever the main thread is, usually
+    inside a py4j call waiting for the JVM, which breaks that connection (the py4j
+    tracebacks a user sees). Here the signal only sets a flag that the waiting code polls
+    (:func:`await_query`), so the query is stopped by an ordinary call. Outside the main
+    thread (where Python delivers no signals) the guard does nothing.
+
+    Parameters
+    ----------
+    stream : file, optional
+        Where the second Ctrl-C says it exits without waiting (default ``sys.stderr``).
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.interrupted = False
+        self._stream = stream
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            # None: the previous handler was not installed from Python
+            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None
+                          else self._previous)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            return
+        try:
+            stream = self._stream or sys.stderr
+            stream.write("\ninterrupted again: exiting without waiting for the query to stop\n")
+            stream.flush()
+        finally:
+            os._exit(EXIT_INTERRUPTED)  # the JVM exits too when its stdin pipe closes
+
+    def sleep(self, clock: Clock, seconds: float) -> None:
+        """``clock.sleep(seconds)``, cut short by Ctrl-C on the real clock."""
+        if not isinstance(clock, MonotonicClock):
+            clock.sleep(seconds)
+            return
+        end = time.monotonic() + seconds
+        while not self.interrupted and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.2))
+
+
+def await_query(query: QueryLike, guard: InterruptGuard, poll_s: float = 0.5,
+                on_poll: Callable[[Any], None] | None = None, quiet_stop: bool = True) -> bool:
+    """Wait until ``query`` terminates (True) or Ctrl-C is pressed (False: the query has
+    then been stopped). A failed query raises its exception, as ``awaitTermination`` does.
+
+    ``on_poll(query)`` runs in this thread every ``poll_s`` seconds while waiting. With
+    ``quiet_stop``, Spark's log is silenced before the stop: cancelling a running batch
+    makes Spark log the aborted jobs and tasks as errors with Java stacks.
+    """
+    while not guard.interrupted:
+        # pyspark answers False while the query runs; anything else means it ended
+        if query.awaitTermination(poll_s) is not False:
+            return True
+        if on_poll is not None:
+            on_poll(query)
+    if quiet_stop:
+        from .spark.session import silence_spark_log
+
+        silence_spark_log(query)
+    query.stop()
+    return False
+
+
+def interrupted_line(last_completed: dict[str, int | None]) -> str:
+    """The one line printed after a Ctrl-C: the last committed batch and how to resume.
+
+    ``last_completed``: operator id -> its latest completed checkpoint (micro-batch id).
+    """
+    ids = {v for v in last_completed.values()}
+    if not ids or ids == {None}:
+        return ("interrupted: no batch was committed yet; run the same command again to "
+                "start from the beginning")
+    if len(ids) == 1:
+        return (f"interrupted: batch {ids.pop()} is the last committed batch; run the same "
+                f"command again to resume from there")
+    each = ", ".join(f"{op} {'-' if n is None else n}" for op, n in sorted(last_completed.items()))
+    return (f"interrupted: last committed batch per operator: {each}; run the same command "
+            f"again to resume from there")
 
 
 @dataclass
@@ -123,6 +243,7 @@ def is_recoverable(error: BaseException) -> bool:
 def supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, *,
               backend: Any = None, clock: Clock | None = None,
               recoverable: Callable[[BaseException], bool] = is_recoverable,
+              exit_on_interrupt: bool = True, stream: TextIO | None = None,
               ) -> SupervisionResult:
     """Run ``start_query()`` until its query ends without error, restarting it after each
     failure as ``strategy`` decides.
@@ -143,6 +264,14 @@ def supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, *
         Time source and sleep (default: the monotonic clock).
     recoverable : callable, optional
         ``error -> bool``; a failure it refuses ends supervision at once.
+    exit_on_interrupt : bool
+        On Ctrl-C the query is stopped, the pending checkpoints completed and one line
+        written to ``stream`` (the last committed batch, and that the same command
+        resumes from there); then ``SystemExit(130)`` ends the program without a
+        traceback (default), or, with False, ``KeyboardInterrupt`` is raised for the
+        caller to handle. A second Ctrl-C exits at once.
+    stream : file, optional
+        Where the interruption line goes (default ``sys.stderr``).
 
     Returns
     -------
@@ -157,15 +286,27 @@ def supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, *
         ``__cause__`` is the last failure and ``failures`` lists them all.
     """
     clock = clock or MonotonicClock()
+    log.info("supervising a streaming query with restart strategy %s", strategy.describe())
+    with InterruptGuard(stream) as guard:
+        return _supervise(start_query, strategy, backend, clock, recoverable, guard,
+                          exit_on_interrupt, stream)
+
+
+def _supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, backend: Any,
+               clock: Clock, recoverable: Callable[[BaseException], bool],
+               guard: InterruptGuard, exit_on_interrupt: bool, stream: TextIO | None,
+               ) -> SupervisionResult:
     failures: list[FailureRecord] = []
     starts = 0
-    log.info("supervising a streaming query with restart strategy %s", strategy.describe())
     while True:
         query = None
         try:
+            if guard.interrupted:
+                _interrupted(backend, exit_on_interrupt, stream)
             query = start_query()
             starts += 1
-            query.awaitTermination()
+            if not await_query(query, guard, quiet_stop=exit_on_interrupt):
+                _interrupted(backend, exit_on_interrupt, stream)
             error = _query_exception(query)
             if error is None:
                 if failures:
@@ -177,6 +318,8 @@ def supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, *
             error = exc
         finally:
             _stop_quietly(query)
+        if guard.interrupted:  # failed while being stopped: still an interruption
+            _interrupted(backend, exit_on_interrupt, stream)
         now = clock.now()
         if not recoverable(error):
             decision = RestartDecision(False, 0.0, "the failure cannot be fixed by a restart "
@@ -198,8 +341,20 @@ def supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, *
         log.warning("supervised query failed (start %d): %s; restarting: %s (from "
                     "checkpoint(s) %s)", starts, summary, decision.reason,
                     record.last_completed or "-")
-        clock.sleep(decision.delay_s)
+        guard.sleep(clock, decision.delay_s)
         strategy.on_restart(clock.now())
+
+
+def _interrupted(backend: Any, exit_on_interrupt: bool, stream: TextIO | None) -> None:
+    """After Ctrl-C stopped the query: say where a rerun resumes, then leave."""
+    line = interrupted_line(_latest(backend))
+    log.info("supervised query %s", line)
+    out = stream or sys.stderr
+    out.write(line + "\n")
+    out.flush()
+    if exit_on_interrupt:
+        raise SystemExit(EXIT_INTERRUPTED)
+    raise KeyboardInterrupt
 
 
 def _query_exception(query: Any) -> BaseException | None:
@@ -262,8 +417,8 @@ class PartitionRestore:
     fallback_reason: str | None
 
 
-def restore_report(backend: Any, operator_id: str, checkpoint_id: int
-                   ) -> dict[int, PartitionRestore]:
+def restore_report(backend: Any, operator_id: str, checkpoint_id: int, *,
+                   progress: ProgressFn | None = None) -> dict[int, PartitionRestore]:
     """Per partition, how the task that wrote completed checkpoint ``checkpoint_id``
     restored its state (from the restore metrics in the partition manifests).
 
@@ -275,6 +430,9 @@ def restore_report(backend: Any, operator_id: str, checkpoint_id: int
         The operator.
     checkpoint_id : int
         A completed checkpoint (micro-batch id).
+    progress : callable, optional
+        Called after each partition manifest read (:class:`statebackend.progress.Progress`
+        shows it on a terminal).
 
     Returns
     -------
@@ -285,6 +443,7 @@ def restore_report(backend: Any, operator_id: str, checkpoint_id: int
     coord = backend.coordinator(operator_id)
     record = coord.get(checkpoint_id)
     out: dict[int, PartitionRestore] = {}
+    total = len(record.manifests)
     for partition, path in sorted(record.manifests.items()):
         m = read_manifest(coord.store, path, operator_id=operator_id)
         r = m.metrics.get("restore", {}) or {}
@@ -294,6 +453,8 @@ def restore_report(backend: Any, operator_id: str, checkpoint_id: int
         out[partition] = PartitionRestore(
             partition, src, r.get("checkpoint_id"), int(r.get("bytes_downloaded", 0) or 0),
             r.get("fallback_reason"))
+        if progress is not None:
+            progress(len(out), total, unit="manifests")
     return out
 
 

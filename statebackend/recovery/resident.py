@@ -121,7 +121,8 @@ class ResidentInstances:
             entry = self._entries.pop(local.partition_dir, None)
         hit = None
         if entry is not None:
-            if base is not None and entry.manifest_path == base.path and _same_sequence(entry):
+            if (base is not None and entry.manifest_path == base.path
+                    and _same_sequence(entry) and _directory_intact(entry)):
                 hit = entry.instance
             else:
                 log.info("partition dir %s: kept-open instance of checkpoint %d is not the "
@@ -214,7 +215,10 @@ class ResidentInstances:
     def discard(self, local: LocalRecovery, instance: RocksDBInstance) -> None:
         """Close ``instance`` (a failed task's, or one not to keep) and delete its directory."""
         self._in_use.discard(instance.path)
-        instance.close()
+        try:
+            instance.close()
+        except Exception:  # noqa: BLE001 - never hide the task's own error behind this
+            log.warning("closing instance %s failed", instance.path, exc_info=True)
         if os.path.dirname(instance.path) == local.partition_dir and \
                 _DIR_RE.match(os.path.basename(instance.path)):
             _remove(instance.path)
@@ -394,6 +398,13 @@ def _same_sequence(entry: _Entry) -> bool:
         return int(entry.instance.db.latest_sequence_number()) == entry.sequence_number
     except Exception:  # noqa: BLE001 - a closed or broken instance is not reusable
         return False
+
+
+def _directory_intact(entry: _Entry) -> bool:
+    """The instance's directory is still there (someone may have deleted the local
+    directory under a live worker, as a new machine would have none): RocksDB could not
+    create its next file in a deleted one."""
+    return os.path.exists(os.path.join(entry.instance.path, "CURRENT"))
 
 
 def _superseded(entry: _Entry) -> bool:

@@ -54,6 +54,7 @@ from ..errors import (
 )
 from ..keycodec import decode_grouping_key
 from ..keygroups import check_parallelism, key_group_range, normalise_type, spark_hashes
+from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.layout import KG_LEN, TS_LEN
 from ..storage.base import DurableStore
@@ -255,7 +256,7 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
                       storage_options: dict[str, Any] | None = None,
                       local_root: str | None = None,
                       open_instance: Callable[[str], RocksDBInstance] = RocksDBInstance,
-                      ) -> SavepointManifest:
+                      progress: ProgressFn | None = None) -> SavepointManifest:
     """Write savepoint ``target`` holding the state of savepoint ``name`` rekeyed for
     ``new_max_parallelism``; the source is only read.
 
@@ -287,6 +288,9 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
         by default.
     open_instance : callable
         ``path -> RocksDBInstance`` for the scratch instance.
+    progress : callable, optional
+        Told of each key group read (bytes: the source files read completely), then of
+        each data file written; see :mod:`statebackend.progress`.
 
     Returns
     -------
@@ -332,9 +336,10 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
     try:
         inst = open_instance(os.path.join(scratch, "db"))
         try:
-            keyed, global_entries = _rekey_into(reader, inst, key_types, new_max_parallelism)
+            keyed, global_entries = _rekey_into(reader, inst, key_types, new_max_parallelism,
+                                                progress)
             files, totals = _write_files(inst, op_store, sp_dir, scratch, parallelism,
-                                         new_max_parallelism, src, compression)
+                                         new_max_parallelism, src, compression, progress)
         finally:
             inst.close()
         # Each file repeats the global column families; the rest must be a bijection.
@@ -384,7 +389,8 @@ def _key_types(src: SavepointManifest, key_types: Sequence[str] | None) -> list[
 
 
 def _rekey_into(reader: SavepointReader, inst: RocksDBInstance, key_types: Sequence[str],
-                new_max_parallelism: int) -> tuple[int, int]:
+                new_max_parallelism: int, progress: ProgressFn | None = None
+                ) -> tuple[int, int]:
     """Put every entry of the savepoint, rekeyed, into ``inst``.
 
     Returns
@@ -403,6 +409,11 @@ def _rekey_into(reader: SavepointReader, inst: RocksDBInstance, key_types: Seque
     keyed = pending = 0
     batch: dict[str, dict[bytes, bytes | None]] = {}
     rewrite = rehasher.rewrite
+    # bytes read: a source file counts once its last key group is read
+    ends: dict[int, int] = {}
+    for f in src.files.values():
+        ends[int(f["key_group_end"])] = ends.get(int(f["key_group_end"]), 0) + int(f["size"])
+    total_bytes, done_bytes = sum(ends.values()), 0
     for kg in range(src.max_parallelism):
         blocks = {cf: entries for cf, entries in reader.read_key_group(kg).items()
                   if cf not in GLOBAL_COLUMN_FAMILIES}  # those are not stored per key group
@@ -418,6 +429,10 @@ def _rekey_into(reader: SavepointReader, inst: RocksDBInstance, key_types: Seque
         if pending >= _BATCH_ENTRIES:
             inst.write(batch)
             batch, pending = {}, 0
+        if progress is not None:
+            done_bytes += ends.get(kg, 0)
+            progress(kg + 1, src.max_parallelism, done_bytes, total_bytes,
+                     unit="key groups read")
     if batch:
         inst.write(batch)
     return keyed, sum(len(kv) for kv in glob.values())
@@ -425,7 +440,8 @@ def _rekey_into(reader: SavepointReader, inst: RocksDBInstance, key_types: Seque
 
 def _write_files(inst: RocksDBInstance, op_store: DurableStore, sp_dir: str, scratch: str,
                  parallelism: int, max_parallelism: int, src: SavepointManifest,
-                 compression: str) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+                 compression: str, progress: ProgressFn | None = None
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """One data file per new partition, uploaded; ``(files, totals)`` for the manifest."""
     files: dict[str, dict[str, Any]] = {}
     totals = {"entries": 0, "raw_bytes": 0, "stored_bytes": 0}
@@ -442,4 +458,7 @@ def _write_files(inst: RocksDBInstance, op_store: DurableStore, sp_dir: str, scr
         totals["entries"] += stats.entries
         totals["raw_bytes"] += stats.raw_bytes
         totals["stored_bytes"] += stats.stored_bytes
+        if progress is not None:
+            progress(p + 1, parallelism, sum(f["size"] for f in files.values()),
+                     unit="files written")
     return files, totals

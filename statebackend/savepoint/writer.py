@@ -29,6 +29,7 @@ from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StorageError
 from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange
+from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, read_manifest
@@ -185,7 +186,7 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
                      checkpoint_id: int | None = None, compression: str = "snappy",
                      local_root: str | None = None,
                      open_instance: Callable[[str], RocksDBInstance] = RocksDBInstance,
-                     ) -> SavepointManifest:
+                     progress: ProgressFn | None = None) -> SavepointManifest:
     """Write savepoint ``name`` of ``operator_id`` from a completed checkpoint.
 
     Parameters
@@ -204,6 +205,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
         Scratch space (a temporary directory by default).
     open_instance : callable
         ``path -> RocksDBInstance``.
+    progress : callable, optional
+        ``progress(partitions, total, bytes, total_bytes)`` after each partition is
+        written (bytes: its checkpoint files); see :mod:`statebackend.progress`.
 
     Returns
     -------
@@ -232,8 +236,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     states: dict[str, StateDescriptor] = {}
     raw = stored = entries = 0
     key_info: dict[str, list[str]] = {}
+    done_bytes = 0
     try:
-        for p in sorted(record.manifests):
+        for i, p in enumerate(sorted(record.manifests)):
             m = read_manifest(op_store, record.manifests[p])
             for k in ("key_columns", "key_types"):
                 # How grouping keys decode: a max_parallelism migration rehashes them.
@@ -254,6 +259,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
             raw += stats.raw_bytes
             stored += stats.stored_bytes
             entries += stats.entries
+            done_bytes += m.full_size
+            if progress is not None:
+                progress(i + 1, len(record.manifests), done_bytes, record.full_size)
         manifest = SavepointManifest(
             name=name, operator_id=operator_id, checkpoint_id=record.checkpoint_id,
             parallelism=record.parallelism, max_parallelism=record.max_parallelism,

@@ -1,7 +1,18 @@
-"""Completes checkpoints on the driver when Spark finishes a micro-batch."""
+"""Completes checkpoints on the driver when Spark finishes a micro-batch.
+
+One listener per Spark session, added when a backend plans an operator and removed
+(``spark.streams.removeListener``) when the last streaming query it saw start has ended
+and no operator was planned since, at interpreter exit, or by :func:`release` before a
+session stops. A Python listener still registered when the Python side goes away makes
+Spark's listener bus log an error with a Java stack for every event it can no longer
+deliver. Removing it loses nothing: a checkpoint left uncompleted is completed by the
+next run (or the next ``backend.complete()``), which completes every checkpoint whose
+partitions have all published.
+"""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from typing import Any
@@ -10,19 +21,75 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 log = logging.getLogger("statebackend.listener")
 
+# How long removal waits for a callback that is already running (completing a checkpoint
+# reads and writes a few small files).
+_DRAIN_TIMEOUT_S = 30.0
+
 
 class _SessionListener(StreamingQueryListener):
     """One listener per Spark session, completing checkpoints for the newest backend object
     of each checkpoint location (a backend re-created for a restarted query replaces the
     old one, whose coordinators may hold an outdated parallelism)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
         self._backends: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._jvm_lock = threading.Lock()  # one addListener/removeListener call at a time
+        self.wanted = False  # should Spark's bus hold this listener?
+        self._in_bus = False  # does it (as far as our own calls went)?
+        self._plans = 0  # operators planned so far: one planned after a start is a new query
+        self._active: dict[str, int] = {}  # run id -> plans counted when it started
+        self._running = 0  # callbacks in progress
 
     def register(self, backend: Any) -> None:
         with self._lock:
             self._backends[backend.checkpoint_location] = backend
+            self._plans += 1
+            self.wanted = True
+        self.sync()
+
+    def unregister(self) -> None:
+        with self._lock:
+            self.wanted = False
+        self.sync()
+
+    def sync(self) -> None:
+        """Add the listener to Spark's bus or remove it, as ``wanted`` says now."""
+        with self._jvm_lock:
+            with self._lock:
+                wanted = self.wanted
+            if wanted == self._in_bus:
+                return
+            try:
+                if wanted:
+                    self._spark.streams.addListener(self)
+                else:
+                    self._spark.streams.removeListener(self)
+                self._in_bus = wanted
+            except Exception:  # noqa: BLE001 - a stopped session has no bus to leave
+                if wanted:
+                    raise
+                log.debug("removing the statebackend listener failed", exc_info=True)
+                self._in_bus = False
+
+    def drain(self, timeout: float = _DRAIN_TIMEOUT_S) -> bool:
+        """Wait until no callback runs (once removed, none starts)."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def _enter(self) -> bool:
+        with self._lock:
+            if not self.wanted:
+                return False  # being removed: an event still queued for us is ignored
+            self._running += 1
+            return True
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._running -= 1
+            self._idle.notify_all()
 
     def _complete_all(self, up_to: int | None = None) -> None:
         with self._lock:
@@ -35,30 +102,94 @@ class _SessionListener(StreamingQueryListener):
                               "next batch)", backend.checkpoint_location)
 
     def onQueryStarted(self, event: Any) -> None:
-        pass
+        if not self._enter():
+            return
+        try:
+            with self._lock:
+                self._active[str(event.runId)] = self._plans
+        finally:
+            self._exit()
 
     def onQueryProgress(self, event: Any) -> None:
-        # the batch just finished: ids before it with nothing published ran no task of ours
-        batch = getattr(getattr(event, "progress", None), "batchId", None)
-        self._complete_all(int(batch) if batch is not None else None)
+        if not self._enter():
+            return
+        try:
+            # the batch just finished: ids before it with nothing published ran no task of ours
+            batch = getattr(getattr(event, "progress", None), "batchId", None)
+            self._complete_all(int(batch) if batch is not None else None)
+        finally:
+            self._exit()
 
     def onQueryIdle(self, event: Any) -> None:
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        self._complete_all()
+        if not self._enter():
+            return
+        try:
+            self._complete_all()
+            with self._lock:
+                plans_at_start = self._active.pop(str(event.runId), None)
+                # The last query we saw start has ended and nothing was planned since it
+                # started (a restart plans its operators again before it starts).
+                last = (plans_at_start is not None and not self._active
+                        and self._plans == plans_at_start)
+                if last:
+                    self.wanted = False
+        finally:
+            self._exit()
+        if last:
+            self.sync()
 
 
 _SESSION_LISTENERS: dict[int, _SessionListener] = {}
 _REGISTRY_LOCK = threading.Lock()
+_AT_EXIT = False
 
 
 def register_backend(spark: Any, backend: Any) -> None:
     """Have ``backend``'s checkpoints completed after every micro-batch of ``spark``."""
+    global _AT_EXIT
     key = id(spark.sparkContext._jsc)
     with _REGISTRY_LOCK:
         listener = _SESSION_LISTENERS.get(key)
         if listener is None:
-            listener = _SESSION_LISTENERS[key] = _SessionListener()
-            spark.streams.addListener(listener)
+            listener = _SESSION_LISTENERS[key] = _SessionListener(spark)
+        if not _AT_EXIT:
+            # registered after pyspark's exit hook (which kills the JVM), so runs before it
+            atexit.register(release_all)
+            _AT_EXIT = True
     listener.register(backend)
+
+
+def release(spark: Any) -> None:
+    """Remove the session's listener (call it before ``spark.stop()``), waiting for a
+    callback already running; planning an operator again adds it again."""
+    with _REGISTRY_LOCK:
+        listener = _SESSION_LISTENERS.pop(id(spark.sparkContext._jsc), None)
+    if listener is not None:
+        _release(listener)
+
+
+def release_all() -> None:
+    """Remove every session's listener (runs at interpreter exit)."""
+    with _REGISTRY_LOCK:
+        listeners = list(_SESSION_LISTENERS.values())
+        _SESSION_LISTENERS.clear()
+    for listener in listeners:
+        _release(listener)
+
+
+def _release(listener: _SessionListener) -> None:
+    listener.unregister()
+    # An event Spark's bus took before the removal may still be on its way to Python:
+    # the process must not end before it is answered (callbacks now return at once).
+    try:
+        bus = listener._spark.sparkContext._jsc.sc().listenerBus()
+        bus.waitUntilEmpty(int(_DRAIN_TIMEOUT_S * 1000))
+    except Exception:  # noqa: BLE001 - stopped session (no bus) or a timeout: go on
+        log.debug("waiting for Spark's listener bus failed", exc_info=True)
+    if not listener.drain():
+        log.warning("statebackend: a listener callback still runs after %.0f s; the "
+                    "checkpoint it completes is completed by the next run instead",
+                    _DRAIN_TIMEOUT_S)

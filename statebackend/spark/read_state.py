@@ -33,7 +33,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,7 @@ from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateD
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateError
 from ..keycodec import decode_grouping_key
+from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.base import EXPIRY
 from ..state.codec import RowCodec, compile_codec
@@ -234,7 +235,7 @@ def _read_cf(instance: RocksDBInstance, partition: int, types: list[str],
 def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None = None,
               state_name: str | None = None, *, partitions: Iterable[int] | None = None,
               key_types: Sequence[str] | None = None, temp_dir: str | None = None,
-              progress: Callable[[int, int], None] | None = None,
+              progress: ProgressFn | None = None,
               view: CheckpointView | None = None) -> Iterator[StateRow]:
     """Every stored entry of a completed checkpoint (or of some of its partitions).
 
@@ -255,7 +256,8 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
     temp_dir : str, optional
         Where the partition copies are downloaded (default: the system temp dir).
     progress : callable, optional
-        ``progress(done, total)`` after each partition.
+        ``progress(partitions, total, bytes, total_bytes)`` after each partition (bytes:
+        the partitions' checkpoint files); see :mod:`statebackend.progress`.
     view : CheckpointView, optional
         An already loaded checkpoint (then the ids above are not read again).
 
@@ -273,6 +275,8 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
         raise StateError(f"checkpoint {view.record.checkpoint_id} has partitions "
                          f"0..{view.record.parallelism - 1}; no partition {unknown}")
     ostore = operator_store(store, operator_id)
+    total_bytes = sum(view.manifests[p].full_size for p in wanted)
+    done_bytes = 0
     for i, p in enumerate(wanted):
         m = view.manifests[p]
         tmp = tempfile.mkdtemp(prefix=f"sb-read-p{p}-", dir=temp_dir)
@@ -281,8 +285,9 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
                 yield from read_partition(inst, p, view.key_types, states)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        done_bytes += m.full_size
         if progress is not None:
-            progress(i + 1, len(wanted))
+            progress(i + 1, len(wanted), done_bytes, total_bytes)
 
 
 # --- shapes: pandas and Spark ----------------------------------------------------------

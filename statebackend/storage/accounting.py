@@ -150,6 +150,7 @@ class AccountingFileSystem(fsspec.AbstractFileSystem):
     """
 
     protocol = "accounting"
+    cachable = False  # one per store: fsspec's instance cache would share counters and leak
 
     def __init__(self, inner: fsspec.AbstractFileSystem, *, counter: RequestCounter | None = None,
                  part_size: int = DEFAULT_PART_SIZE, latency_s: float = 0.0,

@@ -99,7 +99,7 @@ class FsspecStore(DurableStore):
     def __init__(self, url: str, *, upload_threads: int = 4, download_threads: int = 4,
                  retries: int = 3, storage_options: dict[str, Any] | None = None,
                  backoff_s: float = 0.05, fs: fsspec.AbstractFileSystem | None = None,
-                 part_size: int = DEFAULT_PART_SIZE, read_threads: int = 32) -> None:
+                 part_size: int = DEFAULT_PART_SIZE, read_threads: int = 64) -> None:
         if upload_threads < 1 or download_threads < 1 or read_threads < 1:
             raise ValueError(f"upload_threads, download_threads and read_threads must be "
                              f">= 1, got {upload_threads}, {download_threads} and "
@@ -488,7 +488,7 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
                retries: int = 3, storage_options: dict[str, Any] | None = None,
                backoff_s: float = 0.05,
                fs: fsspec.AbstractFileSystem | None = None,
-               part_size: int = DEFAULT_PART_SIZE, read_threads: int = 32) -> FsspecStore:
+               part_size: int = DEFAULT_PART_SIZE, read_threads: int = 64) -> FsspecStore:
     """Open durable storage at ``url``.
 
     Parameters

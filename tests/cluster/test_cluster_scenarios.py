@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.s3, pytest.mar
 
 SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
-SOURCES = {"empty", "working_dir", "local_copy", "durable"}  # empty: checkpoint 0
+# empty: checkpoint 0; resident: the instance its worker kept open (keep_instances_open)
+SOURCES = {"empty", "resident", "working_dir", "local_copy", "durable"}
 
 
 def sliding_batches(n: int, seed: int = 7, rows: int = 60) -> list[pd.DataFrame]:

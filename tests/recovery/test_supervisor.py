@@ -3,8 +3,13 @@ with its reason, gives up with the last error, never restarts what a restart can
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import random
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +21,8 @@ from statebackend.errors import (
 )
 from statebackend.recovery.restart import ExponentialDelay, FixedDelay, ManualClock, NoRestart
 from statebackend.supervisor import is_recoverable, supervise
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class FakeQuery:
@@ -170,3 +177,76 @@ def test_pending_checkpoints_are_completed_and_recorded_before_each_restart() ->
     result = supervise(start, FixedDelay(5, 0), backend=backend, clock=clock)
     assert backend.completed == 2
     assert [f.last_completed for f in result.failures] == [{"op": 0}, {"op": 1}]
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------
+
+
+class RunningQuery:
+    """Runs until stopped; the ``ctrl_c_at``-th wait receives a SIGINT, as from a terminal."""
+
+    def __init__(self, ctrl_c_at: int = 2) -> None:
+        self.waits, self.ctrl_c_at, self.stopped = 0, ctrl_c_at, False
+
+    def awaitTermination(self, timeout=None):
+        self.waits += 1
+        if self.waits == self.ctrl_c_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.stopped
+
+    @property
+    def isActive(self):
+        return not self.stopped
+
+    def exception(self):
+        return None
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_ctrl_c_stops_the_query_says_where_it_resumes_and_exits_130() -> None:
+    query, backend, out = RunningQuery(), FakeBackend(), io.StringIO()
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as info:
+        supervise(lambda: query, NoRestart(), backend=backend, clock=ManualClock(), stream=out)
+    assert info.value.code == 130
+    assert query.stopped and backend.completed == 1
+    assert out.getvalue() == ("interrupted: batch 0 is the last committed batch; run the same "
+                              "command again to resume from there\n")
+    assert signal.getsignal(signal.SIGINT) is before  # the previous handler is back
+
+
+def test_ctrl_c_can_be_left_to_the_caller() -> None:
+    query, out = RunningQuery(), io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        supervise(lambda: query, NoRestart(), clock=ManualClock(), stream=out,
+                  exit_on_interrupt=False)
+    assert query.stopped
+    assert out.getvalue().startswith("interrupted: no batch was committed yet")
+
+
+def test_a_second_ctrl_c_exits_at_once() -> None:
+    script = (
+        "import time\n"
+        "from statebackend.supervisor import InterruptGuard, await_query\n"
+        "class Q:\n"
+        "    def awaitTermination(self, t):\n"
+        "        time.sleep(t); return False\n"
+        "    def stop(self):\n"
+        "        print('stopping', flush=True); time.sleep(120)\n"
+        "with InterruptGuard() as g:\n"
+        "    print('ready', flush=True)\n"
+        "    await_query(Q(), g, 0.05, quiet_stop=False)\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)  # the first: the query is being stopped (slowly)
+    assert proc.stdout.readline() == "stopping\n"
+    proc.send_signal(signal.SIGINT)  # the second: out now, not after the 120 s stop
+    assert proc.wait(timeout=60) == 130
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "interrupted again" in err and "Traceback" not in err

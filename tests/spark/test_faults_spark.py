@@ -102,6 +102,12 @@ class Env:
         return out
 
 
+# a partition that never failed: its instance kept open in the worker that ran it
+# ("resident"), handed over by that worker or, with keep_instances_open off, its working
+# directory ("working_dir")
+KEPT = {"resident", "working_dir"}
+
+
 def report(env: Env, checkpoint_id: int) -> dict[str, int]:
     env.completed()
     rep = restore_report(env.backend, OP, checkpoint_id)
@@ -125,10 +131,11 @@ def test_python_worker_killed_mid_batch(spark, tmp_path):
     rep = restore_report(env.backend, OP, 1)
     # the killed worker had opened and written partition 0's working directory: its retry
     # must not trust it and restores from the verified local copy, downloading nothing;
-    # partition 1 never failed and keeps its working directory
+    # partition 1 never failed and keeps its instance (in its worker, or handed over)
     assert rep[0].source == "local_copy" and rep[0].bytes_downloaded == 0
-    assert rep[1].source == "working_dir"
-    assert report(env, 2) == {"working_dir": 2}
+    assert rep[1].source in KEPT
+    counts = report(env, 2)
+    assert set(counts) <= KEPT and sum(counts.values()) == 2
 
 
 def test_local_disk_full_while_keeping_the_local_copy(spark, tmp_path):
@@ -146,10 +153,11 @@ def test_local_disk_full_while_keeping_the_local_copy(spark, tmp_path):
     check(out, reference(data))
     assert env.completed() == [0, 1, 2]
     # ... and the next batch of that partition, whose working directory could not be
-    # marked clean, restores from the verified local copy; the other is untouched
+    # marked clean, restores from the verified local copy (or continues with the instance
+    # its worker kept open, which took exactly that checkpoint); the other is untouched
     rep = restore_report(env.backend, OP, 2)
-    assert rep[0].source == "local_copy" and rep[0].bytes_downloaded == 0
-    assert rep[1].source == "working_dir"
+    assert rep[0].source in ("local_copy", "resident") and rep[0].bytes_downloaded == 0
+    assert rep[1].source in KEPT
 
 
 # --- durable-storage faults: a typed error, committed state intact, then recovery --------

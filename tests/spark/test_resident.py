@@ -64,7 +64,7 @@ def test_next_batch_in_the_same_worker_reuses_the_open_instance(tmp_path):
     # same state from the local copy into "work"
     resident.close_all()
     assert work_dirs(tmp_path) == []
-    out2, src2 = run_task(str(tmp_path), 2, "t2", frames(["a"]))
+    out2, src2 = run_task(str(tmp_path), 2, "t2", frames(["a"]), keep_instances_open=False)
     assert src2 == "local_copy" and counts(out2) == {"a": 4}
 
 
@@ -243,3 +243,15 @@ def test_spark_query_with_instances_kept_open_counts_exactly_once(spark, tmp_pat
     assert sum(sources.values()) == 12 and sources["empty"] == 2
     # kept here, handed over by another worker, or (owner busy) the local copy
     assert set(sources) <= {"empty", "resident", "working_dir", "local_copy"}, sources
+
+
+def test_local_directory_deleted_under_a_live_worker(tmp_path):
+    # As on a machine whose local disk was wiped: the kept instance's directory is gone,
+    # so it is not reused (RocksDB could not write its next file); the task restores from
+    # durable storage and counts once.
+    import shutil
+
+    run_task(str(tmp_path), 0, "t0", frames(["a", "b"]), **ON)
+    shutil.rmtree(tmp_path / "local")
+    out, source = run_task(str(tmp_path), 1, "t1", frames(["a"]), **ON)
+    assert source == "durable" and counts(out) == {"a": 2}

@@ -83,7 +83,10 @@ def test_task_input_frames_are_the_rows_in_order_without_ticks(raw, min_rows):
 # --- map_in_pandas's input read in frames, and a failure while reading it -----------------
 
 def _run_task(tmp_path, batch: int, attempt: str, frames, frame_rows=4):
-    return run_task(str(tmp_path), batch, attempt, frames, frame_rows)
+    # the lifecycle that closes its instance after each task (keep_instances_open has its
+    # own tests in test_resident.py)
+    return run_task(str(tmp_path), batch, attempt, frames, frame_rows,
+                    keep_instances_open=False)
 
 
 @pytest.mark.parametrize("fail_at", [0, 2])
