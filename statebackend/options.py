@@ -46,6 +46,7 @@ __all__ = [
     "SPARK_CONF_PREFIX",
     "StateBackendOptions",
     "TIMER_SERVICES",
+    "CHECKPOINT_MODES",
     "default_max_parallelism",
     "parse_duration",
     "parse_size",
@@ -65,6 +66,7 @@ PREDEFINED_PROFILES = (
 )
 SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
+CHECKPOINT_MODES = ("incremental", "changelog")
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")
 # placeholders a path option may hold, replaced where the path is resolved
@@ -356,6 +358,15 @@ class StateBackendOptions:
         Completed checkpoints kept in durable storage (>= 1).
     incremental : bool, default True
         Upload only new SST files per checkpoint (False: full snapshot every time).
+    checkpoint_mode : {"incremental", "changelog"}, default "incremental"
+        What a batch makes durable before its output: a RocksDB snapshot's new SST files
+        ("incremental"), or only a changelog of its own writes ("changelog"), with snapshots
+        materialized in the background.
+    materialize_interval : int, default 10
+        Changelog mode: materialize at least every this many batches.
+    materialize_changelog_ratio : float, default 0.25
+        Changelog mode: also materialize when the changelogs since the last
+        materialization exceed this share of the materialized state (and 1 MiB).
     local_recovery : bool, default True
         Keep a local copy of each checkpoint and restore from it first.
     local_dir : str or None, default None
@@ -448,6 +459,19 @@ class StateBackendOptions:
     incremental: bool = _opt(
         True, "Upload only the SST files a checkpoint adds (False: every checkpoint is a "
         "full, self-contained snapshot).", "bool")
+    checkpoint_mode: str = _opt(
+        "incremental", "What a batch makes durable before emitting its output: "
+        "'incremental' (the new SST files of a RocksDB snapshot) or 'changelog' (only a "
+        "changelog of the batch's writes; snapshots are materialized in the background).",
+        "choice", choices=CHECKPOINT_MODES)
+    materialize_interval: int = _opt(
+        10, "Changelog mode: materialize a snapshot in the background at least every this "
+        "many batches (fewer changelogs to replay on restore, more bytes uploaded).",
+        "int", low=1, high=1_000_000)
+    materialize_changelog_ratio: float = _opt(
+        0.25, "Changelog mode: also materialize when the changelogs since the last "
+        "materialization exceed this share of the materialized state's size (and 1 MiB).",
+        "float", low=0.01, high=100.0)
     local_recovery: bool = _opt(
         True, "Keep a local copy (hard links) of each checkpoint and restore from it before "
         "falling back to durable storage.", "bool")

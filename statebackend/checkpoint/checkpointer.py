@@ -22,17 +22,35 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..errors import CheckpointError, CorruptStateError
+from ..errors import CheckpointError, CommitFailedError, CorruptStateError, StorageError
 from ..options import StateBackendOptions
 from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery
 from ..rocksdb.instance import RocksDBInstance
+from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
-from ..storage.manifests import operator_store
-from .manifest import PartitionManifest, StateDescriptor, check_component
+from ..storage.manifests import operator_store, publish_manifest
+from .changelog import ChangelogWriter
+from .manifest import (
+    FileEntry,
+    MaterializationRef,
+    PartitionManifest,
+    StateDescriptor,
+    attempt_dir,
+    changelog_name,
+    check_component,
+    check_relative,
+)
+from .materialize import Lineage, materialization_due, materialize_in_background, try_adopt
 from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
-from .restore import download_checkpoint, validate_manifest
+from .restore import (
+    download_checkpoint,
+    local_changelog_name,
+    replay_changelogs,
+    validate_manifest,
+)
 from .snapshot import LocalSnapshot, take_snapshot
 from .uploader import upload_snapshot
 
@@ -111,6 +129,13 @@ class PartitionCheckpointer:
         UnsafePathError
             The manifest names a path outside the checkpoint root.
         """
+        inst, metrics = self._restore(manifest)
+        if self.options.checkpoint_mode == "changelog":
+            self.start_recording(inst)
+        return inst, metrics
+
+    def _restore(self, manifest: PartitionManifest | None
+                 ) -> tuple[RocksDBInstance, RestoreMetrics]:
         t0 = time.perf_counter()
         self._restored = True
         self.restored_from = manifest
@@ -155,6 +180,8 @@ class PartitionCheckpointer:
         self.local.use_working_dir(os.path.basename(instance.path))
         # the next checkpoint writes to it: it is no longer "exactly the manifest"
         self.local.clear_clean_marker()
+        if self.options.checkpoint_mode == "changelog":
+            self.start_recording(instance)
         return RestoreMetrics(manifest.checkpoint_id, self.partition, RestoreSource.RESIDENT,
                               duration_s)
 
@@ -193,19 +220,37 @@ class PartitionCheckpointer:
                          ) -> RocksDBInstance | None:
         copy_root = LocalRecovery(os.path.dirname(os.path.dirname(self.local.partition_dir)),
                                   self.operator_id, m.partition)
-        if not os.path.isdir(copy_root.copy_dir(m.checkpoint_id, m.attempt)):
+        ref = m.snapshot_ref
+        if ref is None:
+            # changelogs only (no materialization yet): local when every changelog is here
+            if not all(os.path.exists(os.path.join(copy_root.changelogs_dir,
+                                                   local_changelog_name(f)))
+                       for f in m.changelog_files):
+                return None
+        elif not os.path.isdir(copy_root.copy_dir(ref.checkpoint_id, ref.attempt)):
             return None  # never kept here (other executor): not a problem worth a warning
         try:
-            d = copy_root.verify_copy(m, threads=max(2, self.options.download_threads))
-            path = self.local.materialize_copy(d, m.files)
+            if ref is None:
+                path = self.local.install_working_dir(self.local.fresh_dir())
+            else:
+                d = copy_root.verify_copy(m, threads=max(2, self.options.download_threads))
+                path = self.local.materialize_copy(d, m.db_files)
         except (LocalCopyError, OSError) as exc:
             reasons.append(f"local copy unusable: {exc}")
             return None
         try:
-            return self._open(path)
+            inst = self._open(path)
         except Exception as exc:  # noqa: BLE001 - RocksDB refusing to open: fall back
             reasons.append(f"local copy does not open ({exc})")
             return None
+        try:
+            # local changelogs first, each verified against the manifest; else durable
+            replay_changelogs(inst, self.store, m, copy_root.changelogs_dir)
+        except BaseException:
+            inst.close()
+            self.local.discard_working_dir()
+            raise
+        return inst
 
     def _from_durable(self, m: PartitionManifest) -> tuple[RocksDBInstance, int, int]:
         tmp = self.local.fresh_dir()
@@ -224,7 +269,13 @@ class PartitionCheckpointer:
                 f"from durable storage passed their checksums but RocksDB refuses to open "
                 f"them ({exc})", checkpoint_id=m.checkpoint_id, partition=m.partition,
                 path=m.path) from exc
-        return inst, nbytes, nfiles
+        try:
+            nbytes += replay_changelogs(inst, self.store, m, self.local.changelogs_dir)
+        except BaseException:
+            inst.close()
+            self.local.discard_working_dir()
+            raise
+        return inst, nbytes, nfiles + len(m.changelog_files)
 
     # --- checkpoint -------------------------------------------------------------------
 
@@ -296,8 +347,152 @@ class PartitionCheckpointer:
         StorageError, CheckpointError
             The durable copy failed; nothing was published.
         """
+        if self.options.checkpoint_mode == "changelog":
+            return self._changelog_checkpoint(instance, checkpoint_id, attempt, key_group_range,
+                                              states, base_manifest, extra_metrics)
+        self.stop_recording(instance)
         snapshot = self.snapshot_sync(instance, checkpoint_id, attempt)
         return self._upload(snapshot, base_manifest, key_group_range, states, extra_metrics)
+
+    # --- changelog mode ---------------------------------------------------------------
+
+    def start_recording(self, instance: RocksDBInstance) -> None:
+        """Record every later write of ``instance`` into a fresh local changelog.
+
+        :meth:`restore` calls it in changelog mode; a caller that keeps an instance open
+        after :meth:`checkpoint` calls it before the next batch writes.
+        """
+        self.stop_recording(instance)
+        instance.changelog = ChangelogWriter(self.local.recording_path())
+
+    def stop_recording(self, instance: RocksDBInstance) -> None:
+        """Discard an unfinished recording (its writes are not part of any checkpoint)."""
+        rec = getattr(instance, "changelog", None)
+        instance.changelog = None
+        if rec is not None:
+            rec.abort()
+
+    def _changelog_checkpoint(self, instance: RocksDBInstance, n: int, attempt: str,
+                              key_group_range: tuple[int, int] | None,
+                              states: Sequence[StateDescriptor],
+                              base: PartitionManifest | None,
+                              extra_metrics: Mapping[str, Any] | None,
+                              ) -> tuple[PartitionManifest, CheckpointMetrics]:
+        """Make the batch's changelog durable and publish a manifest naming the base
+        materialization and every changelog after it; maybe start a materialization."""
+        check_component(attempt)
+        base = self._check_base(base)
+        rec = instance.changelog
+        if rec is None or rec.closed:
+            raise CheckpointError(
+                f"checkpoint {n} partition {self.partition}: changelog mode needs the "
+                f"instance's writes recorded since its restore, and none were; restore it "
+                f"with this checkpointer (or call start_recording before writing)")
+        t0 = time.perf_counter()
+        instance.changelog = None
+        kgr = key_group_range or (0, self.options.max_parallelism - 1)
+        local_log = self.local.changelog_path(n, attempt)
+        snapshot = None
+        try:
+            stats = rec.finish()
+            os.replace(rec.path, local_log)
+            counts0 = self.store.request_counts()
+            lineage = Lineage.of(base)
+            if base is not None and base.partition != self.partition:
+                # rescaled: the old partition's materialization in flight is not ours to
+                # adopt (its changelogs, replayed before this batch's, still are the state)
+                lineage = lineage.without_pending()
+            lineage, adoption = try_adopt(self.store, lineage, self.partition, n,
+                                          self.options.materialize_interval)
+            if materialization_due(lineage, n, stats.size, self.options.materialize_interval,
+                                   self.options.materialize_changelog_ratio):
+                snapshot = self.snapshot_sync(instance, n, attempt)
+                lineage = replace(lineage, pending=MaterializationRef(n, attempt))
+            sync_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            adir = attempt_dir(n, self.partition, attempt)
+            name = changelog_name(n)
+            try:
+                # no listing first: the upload refuses an existing name (a reused attempt)
+                (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
+            except StorageError as exc:
+                if isinstance(exc.__cause__, FileExistsError):
+                    raise CommitFailedError(
+                        f"checkpoint {n} partition {self.partition}: attempt {attempt!r} "
+                        f"already wrote {adir}/{name}; durable files are never overwritten, "
+                        f"so retry under a fresh attempt name") from exc
+                raise
+            if (t.size, t.checksum) != (stats.size, stats.checksum):
+                raise StorageError(f"checkpoint {n} partition {self.partition}: changelog "
+                                   f"changed while uploading ({stats.size} bytes "
+                                   f"{stats.checksum} -> {t.size} {t.checksum})")
+            own = FileEntry(name, t.path, t.size, t.checksum, shared=True, uploaded=True)
+            manifest = PartitionManifest(
+                operator_id=self.operator_id, partition=self.partition, checkpoint_id=n,
+                attempt=attempt, key_group_start=kgr[0], key_group_end=kgr[1],
+                max_parallelism=self.options.max_parallelism,
+                files=lineage.db_files + lineage.changelogs + (own,),
+                base_checkpoint_id=None if base is None else base.checkpoint_id,
+                states=tuple(states), created_at_ms=int(time.time() * 1000),
+                mode="changelog", materialization=lineage.materialization,
+                pending_materialization=lineage.pending)
+            metrics = CheckpointMetrics(
+                checkpoint_id=n, partition=self.partition, attempt=attempt,
+                sync_duration_s=sync_s, async_duration_s=time.perf_counter() - t1,
+                bytes_uploaded=t.size, files_uploaded=1,
+                files_reused=len(manifest.files) - 1, full_size=manifest.full_size,
+                incremental_size=manifest.incremental_size)
+            changelog = {"records": stats.records, "raw_bytes": stats.raw_bytes,
+                         "bytes": stats.size, "since_materialization":
+                         lineage.changelog_size + stats.size,
+                         "adoption": adoption, "materialization_started": snapshot is not None}
+            extra = dict(extra_metrics or {})
+            counts1 = self.store.request_counts()
+            if counts0 is not None and counts1 is not None:
+                # the changelog's requests, the adoption's read, plus the manifest's PUT
+                extra["checkpoint_requests"] = (counts1 - counts0
+                                                + RequestCounts(put=1)).to_dict()
+            manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
+            publish_manifest(self.store, manifest)
+        except BaseException:
+            rec.abort()
+            if snapshot is not None:
+                self.local.remove_copy(snapshot.directory)
+            try:
+                os.unlink(local_log)
+            except OSError:
+                pass
+            raise
+        metrics = replace(metrics, async_duration_s=time.perf_counter() - t1)
+        if snapshot is not None:
+            materialize_in_background(self.store, snapshot, lineage.db_files,
+                                      key_group_range=kgr,
+                                      max_parallelism=self.options.max_parallelism,
+                                      states=states)
+        self._keep_changelog_local(instance, manifest, local_log)
+        return manifest, metrics
+
+    def _keep_changelog_local(self, instance: RocksDBInstance, manifest: PartitionManifest,
+                              local_log: str) -> None:
+        """Clean marker and local copies after publication; never fails the checkpoint."""
+        try:
+            if instance.path == self.local.working_dir:
+                self.local.write_clean_marker(manifest.checkpoint_id, manifest.attempt,
+                                              int(instance.db.latest_sequence_number()))
+            if self.options.local_recovery:
+                keep = []
+                if manifest.materialization is not None:
+                    ref = manifest.materialization
+                    keep.append(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
+                self.local.retain(keep=keep)
+                self.local.prune_changelogs(manifest.materialized_id, keep=[local_log])
+            else:
+                self.local.prune_changelogs(None)
+                os.unlink(local_log)
+                self.local.retain()
+        except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
+            log.warning("checkpoint %d partition %d: keeping the local changelog failed",
+                        manifest.checkpoint_id, self.partition, exc_info=True)
 
     def _upload(self, snapshot: LocalSnapshot, base: PartitionManifest | None,
                 key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor],

@@ -11,6 +11,12 @@ file is ever overwritten; invariant 2)::
     chk-<n>/p<partition>/<attempt>/_MANIFEST.json the partition manifest, published last
     _checkpoints/chk-<n>.json                    completed-checkpoint record (coordinator)
 
+In changelog mode (``mode="changelog"``) an attempt uploads one changelog,
+``changelog-<n>.sbcl``; when it also materializes, a background thread later uploads the
+snapshot's files as ``m-<file>`` and publishes ``_MATERIALIZED.json`` (a manifest of mode
+``materialization``) in the same attempt directory. A changelog manifest's ``files`` are
+its base materialization's files plus the ordered changelogs after it.
+
 A file uploaded by checkpoint n keeps its path when later checkpoints reuse it, so a
 bounded sweep of one checkpoint's or one attempt's directory finds every file it created.
 """
@@ -28,6 +34,9 @@ from ..errors import CorruptStateError, UnsafePathError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "_MANIFEST.json"
+MATERIALIZED_NAME = "_MATERIALIZED.json"
+MATERIALIZED_PREFIX = "m-"
+MODES = ("incremental", "changelog", "materialization")
 CHECKPOINTS_DIR = "_checkpoints"
 
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9._=-]+$")
@@ -45,6 +54,11 @@ def attempt_dir(checkpoint_id: int, partition: int, attempt: str) -> str:
 
 def manifest_path(checkpoint_id: int, partition: int, attempt: str) -> str:
     return f"{attempt_dir(checkpoint_id, partition, attempt)}/{MANIFEST_NAME}"
+
+
+def materialized_path(checkpoint_id: int, partition: int, attempt: str) -> str:
+    """Where the background materialization of one attempt publishes its manifest."""
+    return f"{attempt_dir(checkpoint_id, partition, attempt)}/{MATERIALIZED_NAME}"
 
 
 def completed_record_path(checkpoint_id: int) -> str:
@@ -120,8 +134,56 @@ class StateDescriptor:
 
 
 @dataclass(frozen=True)
+class MaterializationRef:
+    """A materialization: the snapshot attempt ``attempt`` of batch ``checkpoint_id`` took."""
+
+    checkpoint_id: int
+    attempt: str
+
+    def __post_init__(self) -> None:
+        check_component(self.attempt)
+
+    def path(self, partition: int) -> str:
+        return materialized_path(self.checkpoint_id, partition, self.attempt)
+
+
+def _ref(d: Any) -> MaterializationRef | None:
+    return None if d is None else MaterializationRef(int(d["checkpoint_id"]), str(d["attempt"]))
+
+
+_CHANGELOG_NAME = re.compile(r"^changelog-(\d{12})\.sbcl$")
+
+
+def changelog_name(checkpoint_id: int) -> str:
+    """File name of the changelog of batch ``checkpoint_id`` (names sort in batch order)."""
+    return f"changelog-{checkpoint_id:012d}.sbcl"
+
+
+def is_changelog_name(name: str) -> bool:
+    return _CHANGELOG_NAME.match(name) is not None
+
+
+def changelog_id(name: str) -> int:
+    m = _CHANGELOG_NAME.match(name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a changelog file name")
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
 class PartitionManifest:
-    """What one attempt of checkpoint ``checkpoint_id`` of one partition published."""
+    """What one attempt of checkpoint ``checkpoint_id`` of one partition published.
+
+    ``mode`` says how to read ``files``:
+
+    * ``incremental``: the files of this checkpoint's own RocksDB snapshot;
+    * ``changelog``: the files of the snapshot ``materialization`` (none when no
+      materialization exists yet), plus the changelogs of every batch after it up to this
+      one (:attr:`changelog_files`, in batch order); ``pending_materialization`` names a
+      snapshot being uploaded in the background, adopted by a later checkpoint once its
+      ``_MATERIALIZED.json`` is published;
+    * ``materialization``: a snapshot published in the background (``_MATERIALIZED.json``).
+    """
 
     operator_id: str
     partition: int
@@ -136,6 +198,13 @@ class PartitionManifest:
     metrics: Mapping[str, Any] = field(default_factory=dict)
     created_at_ms: int = 0
     format_version: int = FORMAT_VERSION
+    mode: str = "incremental"
+    materialization: MaterializationRef | None = None
+    pending_materialization: MaterializationRef | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"manifest mode {self.mode!r} is not one of {MODES}")
 
     # --- derived ----------------------------------------------------------------------
 
@@ -149,11 +218,38 @@ class PartitionManifest:
 
     @property
     def path(self) -> str:
+        if self.mode == "materialization":
+            return materialized_path(self.checkpoint_id, self.partition, self.attempt)
         return manifest_path(self.checkpoint_id, self.partition, self.attempt)
+
+    @property
+    def db_files(self) -> tuple[FileEntry, ...]:
+        """The RocksDB snapshot's files (everything but changelogs)."""
+        return tuple(f for f in self.files if not is_changelog_name(f.name))
+
+    @property
+    def changelog_files(self) -> tuple[FileEntry, ...]:
+        """The changelogs to replay onto :attr:`db_files`, in batch order."""
+        return tuple(sorted((f for f in self.files if is_changelog_name(f.name)),
+                            key=lambda f: f.name))
+
+    @property
+    def materialized_id(self) -> int | None:
+        """The batch whose state :attr:`db_files` hold (None: no snapshot, empty base)."""
+        if self.mode == "changelog":
+            return None if self.materialization is None else self.materialization.checkpoint_id
+        return self.checkpoint_id
+
+    @property
+    def snapshot_ref(self) -> MaterializationRef | None:
+        """Which local copy directory (``chk-<n>-<attempt>``) holds :attr:`db_files`."""
+        if self.mode == "changelog":
+            return self.materialization
+        return MaterializationRef(self.checkpoint_id, self.attempt)
 
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""
-        return {f.name: f for f in self.files if f.shared}
+        return {f.name: f for f in self.db_files if f.shared}
 
     def with_metrics(self, **metrics: Any) -> PartitionManifest:
         return replace(self, metrics={**self.metrics, **metrics})
@@ -179,6 +275,8 @@ class PartitionManifest:
             d.pop("incremental_size", None)
             d["files"] = tuple(FileEntry(**f) for f in d["files"])
             d["states"] = tuple(StateDescriptor(**s) for s in d.get("states", ()))
+            d["materialization"] = _ref(d.get("materialization"))
+            d["pending_materialization"] = _ref(d.get("pending_materialization"))
             return cls(**d)
         except CorruptStateError:
             raise

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
+from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
-from .manifest import PartitionManifest, check_component, check_relative
+from ..storage.checksum import bytes_crc32
+from .changelog import replay
+from .manifest import (
+    FileEntry,
+    PartitionManifest,
+    changelog_id,
+    check_component,
+    check_relative,
+)
 
 
 def validate_manifest(manifest: PartitionManifest, operator_id: str | None = None) -> None:
@@ -47,7 +57,10 @@ def validate_manifest(manifest: PartitionManifest, operator_id: str | None = Non
 
 def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
                         target_dir: str) -> tuple[int, int]:
-    """Download every file of ``manifest`` into ``target_dir``, verifying size and CRC32.
+    """Download the RocksDB files of ``manifest`` into ``target_dir``, verifying size and CRC32.
+
+    A changelog manifest's changelogs are not downloaded here: open the directory, then
+    :func:`replay_changelogs` (or use :func:`open_checkpoint`, which does both).
 
     Parameters
     ----------
@@ -70,7 +83,7 @@ def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
     """
     validate_manifest(manifest)
     items = [(f.path, os.path.join(target_dir, f.name), f.size, f.checksum)
-             for f in manifest.files]
+             for f in manifest.db_files]
     try:
         transfers = store.get_files(items)
     except (StorageError, FileNotFoundError) as exc:
@@ -85,10 +98,84 @@ def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
     return sum(t.size for t in transfers), len(transfers)
 
 
+def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
+                    local_dir: str | None = None) -> tuple[bytes, bool]:
+    """The bytes of changelog ``f`` of ``manifest``: the local copy under ``local_dir`` when
+    it has the right size and CRC32, else durable storage (verified the same way); and
+    whether it was downloaded.
+
+    Raises
+    ------
+    CorruptStateError
+        The durable file is missing or fails its checksum.
+    """
+    if local_dir is not None:
+        try:
+            with open(os.path.join(local_dir, local_changelog_name(f)), "rb") as fh:
+                data = fh.read()
+            if len(data) == f.size and bytes_crc32(data) == f.checksum:
+                return data, False
+        except OSError:
+            pass
+    try:
+        data = store.get_bytes(f.path)
+    except (StorageError, FileNotFoundError) as exc:
+        raise CorruptStateError(
+            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition}: changelog "
+            f"{f.path} is missing ({exc}); the committed state cannot be restored from "
+            f"{store.root}", checkpoint_id=manifest.checkpoint_id,
+            partition=manifest.partition, path=f.path) from exc
+    if len(data) != f.size or bytes_crc32(data) != f.checksum:
+        raise CorruptStateError(
+            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition}: changelog "
+            f"{f.path} has {len(data)} bytes / {bytes_crc32(data)}, the manifest says "
+            f"{f.size} / {f.checksum}", checkpoint_id=manifest.checkpoint_id,
+            partition=manifest.partition, path=f.path)
+    return data, True
+
+
+def local_changelog_name(f: FileEntry) -> str:
+    """Name of a changelog's local copy: ``chk-<n>-<attempt>.sbcl`` (from its durable path)."""
+    parts = f.path.split("/")
+    return f"chk-{changelog_id(f.name)}-{check_component(parts[-2])}.sbcl"
+
+
+def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
+                      manifest: PartitionManifest, local_dir: str | None = None) -> int:
+    """Replay the changelogs of ``manifest`` in order onto ``instance`` (opened from its
+    :attr:`~PartitionManifest.db_files`); returns how many of their bytes were downloaded
+    (the others were local copies)."""
+    recording, instance.changelog = instance.changelog, None
+    total = 0
+    try:
+        for f in manifest.changelog_files:
+            data, downloaded = fetch_changelog(store, manifest, f, local_dir)
+            replay(instance, data, where=f.path)
+            total += len(data) if downloaded else 0
+    finally:
+        instance.changelog = recording
+    return total
+
+
+def open_checkpoint(store: DurableStore, manifest: PartitionManifest, target_dir: str,
+                    open_instance: Callable[[str], RocksDBInstance] = RocksDBInstance
+                    ) -> RocksDBInstance:
+    """Download ``manifest`` into ``target_dir``, open it and replay its changelogs: the
+    exact state of the checkpoint, in either mode."""
+    download_checkpoint(store, manifest, target_dir)
+    inst = open_instance(target_dir)
+    try:
+        replay_changelogs(inst, store, manifest)
+    except BaseException:
+        inst.close()
+        raise
+    return inst
+
+
 def _which_file(store: DurableStore, manifest: PartitionManifest) -> str | None:
     """The first file whose durable size is wrong or absent (to name it in the error)."""
     try:
-        for f in manifest.files:
+        for f in manifest.db_files:
             if store.size(f.path) != f.size:
                 return f.path
     except Exception:  # noqa: BLE001 - only improves the message

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import CheckpointError, CommitFailedError, StorageError
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
+from ..storage.checksum import file_crc32
 from ..storage.manifests import publish_manifest
 from .manifest import (
     MANIFEST_NAME,
@@ -50,12 +51,18 @@ def plan_reuse(snapshot: LocalSnapshot, base: PartitionManifest | None,
         raise CheckpointError(f"base checkpoint {base.checkpoint_id} is not older than "
                               f"checkpoint {snapshot.checkpoint_id}")
     durable = base.shared_files()
+    # A changelog checkpoint's snapshot files come from a materialization another
+    # worker's directory may have taken: there a name does not identify a file, so the
+    # first incremental checkpoint after one compares checksums too.
+    exact = base.mode != "incremental"
     reuse = {}
     for f in snapshot.files:
         entry = durable.get(f.name)
         # Same name and same size within one RocksDB lineage means the same immutable
         # file; a size difference means another lineage, so upload ours.
-        if f.shared and entry is not None and entry.size == f.size:
+        if f.shared and entry is not None and entry.size == f.size and (
+                not exact or file_crc32(os.path.join(snapshot.directory, f.name))[1]
+                == entry.checksum):
             reuse[f.name] = entry
     return reuse
 

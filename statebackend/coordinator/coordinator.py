@@ -666,7 +666,9 @@ class CheckpointCoordinator:
         # Sweeps first: they move the watermark, and a crash before it is persisted only
         # repeats them.
         w: int | None = None
-        for k in range(start, latest):
+        # a materialization still uploading under chk-<j>/ holds sweeps below j
+        bound = self._registry.sweep_bound(latest)
+        for k in range(start, bound):
             with self._lock:
                 reg = self._registry
                 # Manifests of known subsumed checkpoints stay until their checkpoint is
@@ -686,7 +688,7 @@ class CheckpointCoordinator:
                                      for p in listing):
                     w = k
         if w is None:
-            w = max(start, latest)
+            w = max(start, bound)
         with self._lock:
             if w != self._watermark:
                 self.store.put_bytes_atomic(self._abs(WATERMARK_PATH),

@@ -16,6 +16,16 @@ reference count is the size of that set. A set rather than a bare counter becaus
 - the whole value is a fold over the completed-checkpoint records, so it can be rebuilt
   from them alone after a driver restart (invariant 6) and compared for equality in tests.
 
+Changelog mode
+--------------
+A changelog checkpoint's manifest lists its base materialization's files and the changelogs
+after it, so both are counted here like any SST: a changelog subsumed by a newer
+materialization loses its last reference when the checkpoints that listed it are subsumed.
+A materialization still uploading in the background is named only as *pending* (its files'
+names are not known yet); :meth:`SharedStateRegistry.sweep_bound` keeps the coordinator's
+sweeps below the oldest batch a retained checkpoint names as pending, so its files are
+neither swept nor leaked: once adopted they are referenced, once abandoned they are swept.
+
 Retention
 ---------
 Every completed checkpoint whose record is still in durable storage is *known*. It is
@@ -81,6 +91,7 @@ class RegisteredCheckpoint:
 
     record: CompletedCheckpoint
     paths: frozenset[str]
+    pending: frozenset[int] = frozenset()
 
     @property
     def checkpoint_id(self) -> int:
@@ -95,7 +106,9 @@ class RegisteredCheckpoint:
         if named != dict(record.manifests):
             raise ValueError(f"checkpoint {record.checkpoint_id}: manifests {named} are not "
                              f"the ones its record names {dict(record.manifests)}")
-        return cls(record, referenced_paths(ms))
+        pending = frozenset(m.pending_materialization.checkpoint_id for m in ms
+                            if m.pending_materialization is not None)
+        return cls(record, referenced_paths(ms), pending)
 
 
 def _frozen(d: dict[str, frozenset[int]]) -> Mapping[str, frozenset[int]]:
@@ -160,6 +173,12 @@ class SharedStateRegistry:
     def is_referenced(self, path: str) -> bool:
         """True when a retained checkpoint references ``path``."""
         return path in self.refs
+
+    def sweep_bound(self, latest: int) -> int:
+        """Sweeps of ``chk-<k>/`` may run for ``k`` below this: ``latest``, or the oldest
+        batch whose materialization a retained checkpoint names as pending."""
+        pending = [k for n in self.retained_ids() for k in self.checkpoints[n].pending]
+        return min([latest, *pending])
 
     def unreferenced_paths(self, checkpoint_id: int) -> frozenset[str]:
         """Paths of a (subsumed) checkpoint that no retained checkpoint references."""

@@ -6,6 +6,8 @@ Layout under ``<local_root>/<operator_id>/p<partition>/``::
     work/                     the RocksDB working directory of the open instance
     work.clean.json           "work/ holds exactly checkpoint n, attempt a" (see below)
     copies/chk-<n>-<attempt>/ native checkpoint directories: upload source, then secondary copy
+    copies/chk-<n>-<attempt>.inflight  a materialization still uploading it (never pruned)
+    changelogs/chk-<n>-<attempt>.sbcl  changelog mode: this worker's changelogs (secondary)
 
 The clean marker is written after checkpoint ``n`` is published and names ``n``, the attempt
 and RocksDB's sequence number at the snapshot; it is removed whenever the working directory
@@ -25,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 
 from ..checkpoint.manifest import FileEntry, PartitionManifest, check_component
 from ..storage.checksum import file_crc32
+
+INFLIGHT_SUFFIX = ".inflight"  # statebackend.checkpoint.materialize marks uploads with it
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,7 @@ class LocalRecovery:
                                           f"p{partition}")
         self.working_dir = os.path.join(self.partition_dir, check_component(working_dir_name))
         self.copies_dir = os.path.join(self.partition_dir, "copies")
+        self.changelogs_dir = os.path.join(self.partition_dir, "changelogs")
 
     def use_working_dir(self, name: str) -> None:
         """Make ``name`` (a directory of this partition) the working directory."""
@@ -135,9 +141,53 @@ class LocalRecovery:
         out = []
         for name in names:
             m = _COPY_RE.match(name)
-            if m:
-                out.append((int(m.group(1)), m.group(2), os.path.join(self.copies_dir, name)))
+            path = os.path.join(self.copies_dir, name)
+            if m and not name.endswith(INFLIGHT_SUFFIX) and os.path.isdir(path):
+                out.append((int(m.group(1)), m.group(2), path))
         return sorted(out)
+
+    def inflight_copies(self) -> set[str]:
+        """Copies a materialization is still uploading (marker names a live process)."""
+        out = set()
+        for _n, _a, d in self.list_copies():
+            try:
+                with open(d + INFLIGHT_SUFFIX) as fh:
+                    pid = int(fh.read().strip() or 0)
+            except (OSError, ValueError):
+                continue
+            if pid_alive(pid):
+                out.add(os.path.abspath(d))
+        return out
+
+    # --- changelogs (changelog mode) ----------------------------------------------------
+
+    def changelog_path(self, checkpoint_id: int, attempt: str) -> str:
+        check_component(attempt)
+        return os.path.join(self.changelogs_dir, f"chk-{checkpoint_id}-{attempt}.sbcl")
+
+    def recording_path(self) -> str:
+        """A fresh name for the changelog being recorded (renamed at its checkpoint)."""
+        return os.path.join(self.changelogs_dir, f".rec-{uuid.uuid4().hex[:12]}.sbcl")
+
+    def prune_changelogs(self, upto: int | None, keep: Iterable[str] = ()) -> None:
+        """Delete local changelogs of batches ``<= upto`` (subsumed by a materialization)
+        and recordings left by failed tasks; never raises."""
+        keep_set = {os.path.abspath(k) for k in keep}
+        try:
+            names = os.listdir(self.changelogs_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(self.changelogs_dir, name)
+            if os.path.abspath(path) in keep_set:
+                continue
+            m = _COPY_RE.match(name)
+            old = m is not None and upto is not None and int(m.group(1)) <= upto
+            if old or (name.startswith(".rec-") and not _recent(path)):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def verify_copy(self, manifest: PartitionManifest, *, threads: int = 2) -> str:
         """Check the local copy of ``manifest`` file by file (presence, size, CRC32).
@@ -152,10 +202,13 @@ class LocalRecovery:
         LocalCopyError
             Anything missing or different; the message names the file.
         """
-        d = self.copy_dir(manifest.checkpoint_id, manifest.attempt)
+        ref = manifest.snapshot_ref
+        if ref is None:
+            raise LocalCopyError("the checkpoint has no snapshot (changelogs only)")
+        d = self.copy_dir(ref.checkpoint_id, ref.attempt)
         if not os.path.isdir(d):
             raise LocalCopyError(f"no local copy at {d}")
-        for f in manifest.files:
+        for f in manifest.db_files:
             p = os.path.join(d, check_component(f.name))
             try:
                 size = os.stat(p).st_size
@@ -171,7 +224,7 @@ class LocalRecovery:
 
         # Checksums dominate restore time on big states; zlib releases the GIL on large
         # chunks, so threads overlap on several cores. Largest first balances the pool.
-        files = sorted(manifest.files, key=lambda f: -f.size)
+        files = sorted(manifest.db_files, key=lambda f: -f.size)
         if threads > 1 and len(files) > 1:
             with ThreadPoolExecutor(min(threads, len(files))) as pool:
                 problems = [p for p in pool.map(check, files) if p]
@@ -228,6 +281,10 @@ class LocalRecovery:
     def remove_copy(self, directory: str) -> None:
         """Delete one copy; never raises."""
         try:
+            os.unlink(directory + INFLIGHT_SUFFIX)
+        except OSError:
+            pass
+        try:
             shutil.rmtree(directory)
         except FileNotFoundError:
             pass
@@ -244,7 +301,7 @@ class LocalRecovery:
         """
         removed: list[str] = []
         try:
-            keep_set = {os.path.abspath(k) for k in keep}
+            keep_set = {os.path.abspath(k) for k in keep} | self.inflight_copies()
             copies = self.list_copies()
             newest = {d for _n, _a, d in copies[len(copies) - self.num_retained:]} \
                 if self.num_retained else set()
@@ -266,6 +323,27 @@ class LocalRecovery:
         for name in names:
             if name.startswith((".work-", ".trash-")):
                 shutil.rmtree(os.path.join(self.partition_dir, name), ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is alive."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _recent(path: str, seconds: float = 3600.0) -> bool:
+    """Modified within the last hour: a recording another task may still be writing."""
+    try:
+        return time.time() - os.stat(path).st_mtime < seconds
+    except OSError:
+        return False
 
 
 def read_clean_marker(path: str) -> CleanMarker | None:

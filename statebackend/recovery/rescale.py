@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..checkpoint.checkpointer import PartitionCheckpointer
 from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest
-from ..checkpoint.restore import download_checkpoint
+from ..checkpoint.restore import open_checkpoint, replay_changelogs
 from ..errors import IncompatibleStateError
 from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange, key_group_range, rescale_sources
@@ -130,11 +130,12 @@ def _open_source(checkpointer: PartitionCheckpointer, m: PartitionManifest, scra
                  ) -> RocksDBInstance:
     """Open old partition ``m.partition`` in ``scratch``: local copy if it verifies, else download."""
     copy = LocalRecovery(local_root, m.operator_id, m.partition)
-    if checkpointer.options.local_recovery and os.path.isdir(copy.copy_dir(m.checkpoint_id,
-                                                                           m.attempt)):
+    ref = m.snapshot_ref
+    if checkpointer.options.local_recovery and ref is not None and \
+            os.path.isdir(copy.copy_dir(ref.checkpoint_id, ref.attempt)):
         try:
             d = copy.verify_copy(m, threads=max(2, checkpointer.options.download_threads))
-            for f in m.files:
+            for f in m.db_files:
                 src, dst = os.path.join(d, f.name), os.path.join(scratch, f.name)
                 if f.shared:
                     try:
@@ -143,14 +144,21 @@ def _open_source(checkpointer: PartitionCheckpointer, m: PartitionManifest, scra
                     except OSError:
                         pass
                 shutil.copy2(src, dst)  # private files: RocksDB rewrites them on open
-            return open_instance(scratch)
+            inst = open_instance(scratch)
+            try:
+                # the whole partition's changelogs: the caller copies only the key groups
+                # the new range owns, which clips the replay to them
+                replay_changelogs(inst, checkpointer.store, m, copy.changelogs_dir)
+            except BaseException:
+                inst.close()
+                raise
+            return inst
         except (LocalCopyError, OSError) as exc:
             log.info("partition %d: local copy of old partition %d unusable (%s); downloading",
                      checkpointer.partition, m.partition, exc)
             shutil.rmtree(scratch, ignore_errors=True)
             os.makedirs(scratch)
-    download_checkpoint(checkpointer.store, m, scratch)
-    return open_instance(scratch)
+    return open_checkpoint(checkpointer.store, m, scratch, open_instance)
 
 
 def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheckpoint,

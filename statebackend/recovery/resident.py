@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from ..checkpoint.manifest import PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
-from .local import MARKER_SUFFIX, LocalRecovery, read_clean_marker
+from .local import MARKER_SUFFIX, LocalRecovery, pid_alive, read_clean_marker
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class ResidentInstances:
             src = os.path.join(local.partition_dir, name)
             if pid == os.getpid():
                 continue
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 if _lock_held(src):
                     continue
                 try:
@@ -291,7 +291,7 @@ class ResidentInstances:
                 continue
             if path in mine:
                 continue
-            if int(m.group(1)) == os.getpid() or (not _pid_alive(int(m.group(1)))
+            if int(m.group(1)) == os.getpid() or (not pid_alive(int(m.group(1)))
                                                   and not _lock_held(path)):
                 # ours and not open (a task that died before closing), or a dead process's
                 _remove(path)
@@ -414,14 +414,6 @@ def _superseded(entry: _Entry) -> bool:
     return bool(copies) and copies[-1][0] > entry.checkpoint_id
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _lock_held(path: str) -> bool:

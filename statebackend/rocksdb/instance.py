@@ -85,6 +85,10 @@ class RocksDBInstance:
         for name in existing:
             self._cfs[name] = self._db.get_column_family(name)
         self._closed = False
+        # Changelog mode: every change below is also appended here (a
+        # statebackend.checkpoint.changelog.ChangelogWriter), the one place all state
+        # kinds, timers and TTL indexes reach RocksDB. None: not recording.
+        self.changelog: Any = None
 
     # --- column families --------------------------------------------------------------
 
@@ -105,6 +109,8 @@ class RocksDBInstance:
                 raise StateBackendError(f"column family {name!r} does not exist in {self.path}")
             cf = self._db.create_column_family(name, self._cf_options(name))
             self._cfs[name] = cf
+            if self.changelog is not None:
+                self.changelog.create_column_family(name)
         return cf
 
     def column_family_handle(self, name: str) -> Any:
@@ -115,6 +121,8 @@ class RocksDBInstance:
         if name in self._cfs and name != DEFAULT_CF:
             self._db.drop_column_family(name)
             del self._cfs[name]
+            if self.changelog is not None:
+                self.changelog.drop_column_family(name)
 
     # --- batched access ---------------------------------------------------------------
 
@@ -141,6 +149,9 @@ class RocksDBInstance:
                     wb.put(k, v, handle)
         if len(wb):
             self._db.write(wb)
+            if self.changelog is not None:
+                for cf_name, entries in puts.items():
+                    self.changelog.write(cf_name, entries)
 
     def multi_get(self, cf_name: str, keys: list[bytes]) -> list[bytes | None]:
         """Values of ``keys`` (None where absent), in the order asked.
@@ -184,6 +195,8 @@ class RocksDBInstance:
 
     def delete_range(self, cf_name: str, start: bytes, end: bytes) -> None:
         self.column_family(cf_name).delete_range(start, end)
+        if self.changelog is not None:
+            self.changelog.delete_range(cf_name, start, end)
 
     # --- durability -------------------------------------------------------------------
 

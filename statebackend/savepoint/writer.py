@@ -25,7 +25,7 @@ from ..checkpoint.manifest import (
     StateDescriptor,
     check_component,
 )
-from ..checkpoint.restore import download_checkpoint
+from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StorageError
 from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange
@@ -298,8 +298,7 @@ def _write_partition(op_store: DurableStore, m: PartitionManifest, scratch: str,
     d = os.path.join(scratch, f"p{m.partition}")
     os.makedirs(d)
     try:
-        download_checkpoint(op_store, m, d)
-        inst = open_instance(d)
+        inst = open_checkpoint(op_store, m, d, open_instance)
         try:
             return write_data_file(inst, local_file, rng, m.max_parallelism, m.states,
                                    compression)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
-from ..checkpoint.restore import download_checkpoint
+from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateError
 from ..keycodec import decode_grouping_key
 from ..progress import ProgressFn
@@ -281,8 +281,7 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
         m = view.manifests[p]
         tmp = tempfile.mkdtemp(prefix=f"sb-read-p{p}-", dir=temp_dir)
         try:
-            download_checkpoint(ostore, m, tmp)
-            with RocksDBInstance(tmp) as inst:
+            with open_checkpoint(ostore, m, tmp) as inst:
                 yield from read_partition(inst, p, view.key_types, states)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

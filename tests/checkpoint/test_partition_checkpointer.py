@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from statebackend.checkpoint import (
     choose_manifest,
 )
 from statebackend.checkpoint.manifest import MANIFEST_NAME, attempt_dir
+from statebackend.checkpoint.materialize import wait_for_materializations
 from statebackend.errors import CheckpointError, CommitFailedError, CorruptStateError
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
@@ -64,6 +66,7 @@ def run_batches(store: FsspecStore, tmp_path: Path, batches: int, **opts: Any
         state = dump(inst)
         m, _metrics = cp.checkpoint(inst, b, "a0", (0, 63), STATES)
         inst.close()
+        wait_for_materializations()  # changelog mode: deterministic adoption
         manifests.append(m)
     return manifests, state
 
@@ -133,9 +136,13 @@ def test_checkpoint_metrics_dataclass(store: FsspecStore, tmp_path: Path) -> Non
 # --- restore sources -----------------------------------------------------------------
 
 
-def test_restore_from_clean_working_dir(store: FsspecStore, tmp_path: Path) -> None:
-    (m1, m2), state = run_batches(store, tmp_path, 2)
-    got, source, _ = restore_state(store, tmp_path, m2)
+MODES = pytest.mark.parametrize("mode", ["incremental", "changelog"])
+
+
+@MODES
+def test_restore_from_clean_working_dir(store: FsspecStore, tmp_path: Path, mode: str) -> None:
+    (m1, m2), state = run_batches(store, tmp_path, 2, checkpoint_mode=mode)
+    got, source, _ = restore_state(store, tmp_path, m2, checkpoint_mode=mode)
     assert source is RestoreSource.WORKING_DIR and got == state
 
 
@@ -160,14 +167,17 @@ def test_writes_after_checkpoint_make_the_working_dir_unclean(store: FsspecStore
     assert "written after checkpoint" in metrics.fallback_reason
 
 
-def test_reopened_working_dir_is_not_clean_any_more(store: FsspecStore, tmp_path: Path) -> None:
-    (m1,), state = run_batches(store, tmp_path, 1)
-    cp = make(store, tmp_path)
-    inst, rm = cp.restore(m1)
+@MODES
+def test_reopened_working_dir_is_not_clean_any_more(store: FsspecStore, tmp_path: Path,
+                                                    mode: str) -> None:
+    (m1, m2), state = run_batches(store, tmp_path, 2, checkpoint_mode=mode)
+    cp = make(store, tmp_path, checkpoint_mode=mode)
+    inst, rm = cp.restore(m2)
     assert rm.source is RestoreSource.WORKING_DIR
     write_batch(inst, 5000, 10, b"q")  # task fails before its checkpoint
     inst.close()
-    got, source, _ = restore_state(store, tmp_path, m1)
+    got, source, _ = restore_state(store, tmp_path, m2, checkpoint_mode=mode)
+    # changelog mode: the local materialization of batch 1 plus the local changelog of 2
     assert source is RestoreSource.LOCAL_COPY and got == state
 
 
@@ -260,15 +270,18 @@ def _only_durable(store: FsspecStore, tmp_path: Path) -> None:
     cp.local.discard_working_dir()
     for _n, _a, d in cp.local.list_copies():
         cp.local.remove_copy(d)
+    shutil.rmtree(cp.local.changelogs_dir, ignore_errors=True)
 
 
 @pytest.mark.faults
-def test_missing_durable_file_raises_typed_error(store: FsspecStore, tmp_path: Path) -> None:
-    (m1, m2), _ = run_batches(store, tmp_path, 2)
+@MODES
+def test_missing_durable_file_raises_typed_error(store: FsspecStore, tmp_path: Path,
+                                                 mode: str) -> None:
+    (m1, m2), _ = run_batches(store, tmp_path, 2, checkpoint_mode=mode)
     _only_durable(store, tmp_path)
     victim = next(f for f in m2.files if not f.uploaded)  # reused from checkpoint 1
     store.child(OP).delete([victim.path])
-    cp = make(store, tmp_path)
+    cp = make(store, tmp_path, checkpoint_mode=mode)
     with pytest.raises(CorruptStateError) as ei:
         cp.restore(m2)
     e = ei.value
@@ -280,16 +293,19 @@ def test_missing_durable_file_raises_typed_error(store: FsspecStore, tmp_path: P
 
 
 @pytest.mark.faults
-def test_corrupt_durable_file_raises_typed_error(store: FsspecStore, tmp_path: Path) -> None:
-    (m1,), _ = run_batches(store, tmp_path, 1)
+@MODES
+def test_corrupt_durable_file_raises_typed_error(store: FsspecStore, tmp_path: Path,
+                                                 mode: str) -> None:
+    (m1,), _ = run_batches(store, tmp_path, 1, checkpoint_mode=mode)
     _only_durable(store, tmp_path)
+    # changelog mode: the batch's changelog (local changelogs are gone with the machine)
     victim = max(m1.files, key=lambda f: f.size)
     p = Path(store.root) / OP / victim.path
     data = bytearray(p.read_bytes())
     data[100] ^= 0xFF
     p.write_bytes(bytes(data))
     with pytest.raises(CorruptStateError) as ei:
-        make(store, tmp_path).restore(m1)
+        make(store, tmp_path, checkpoint_mode=mode).restore(m1)
     assert (ei.value.checkpoint_id, ei.value.partition, ei.value.path) == (1, 0, victim.path)
 
 

@@ -15,14 +15,18 @@ from statebackend.recovery.rescale import restore_rescaled
 from statebackend.state.backend import KeyedStateBackend
 
 
-@pytest.mark.parametrize(("old_p", "new_p"), [(2, 1), (2, 3), (2, 4), (3, 2)])
-@pytest.mark.parametrize("local_recovery", [True, False])
+@pytest.mark.parametrize(("old_p", "new_p", "local_recovery", "mode"), [
+    *[(o, n, lr, "incremental") for o, n in [(2, 1), (2, 3), (2, 4), (3, 2)]
+      for lr in (True, False)],
+    # changelog mode: the old partitions' changelogs are replayed, then clipped to the range
+    (2, 3, True, "changelog"), (3, 2, False, "changelog")])
 def test_rescaled_partitions_hold_exactly_their_key_groups(store, tmp_path: Path, old_p, new_p,
-                                                           local_recovery):
-    coord, state = build_operator(store, tmp_path, old_p, local_recovery=local_recovery)
+                                                           local_recovery, mode):
+    coord, state = build_operator(store, tmp_path, old_p, batches=3 if mode == "changelog" else 2,
+                                  local_recovery=local_recovery, checkpoint_mode=mode)
     full = merged(state)
     record = coord.latest()
-    o = opts(tmp_path, local_recovery=local_recovery)
+    o = opts(tmp_path, local_recovery=local_recovery, checkpoint_mode=mode)
     coord.parallelism = new_p  # what the backend does when the query's parallelism changes
     after: dict[int, dict] = {}
     for p in range(new_p):

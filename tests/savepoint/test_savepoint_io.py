@@ -27,9 +27,11 @@ def reader_for(store, name: str) -> SavepointReader:
     return SavepointReader(store.child(OP).child(savepoint_dir(name)))
 
 
-@pytest.mark.parametrize("compression", ["snappy", "none"])
-def test_savepoint_restores_every_parallelism(store, tmp_path: Path, compression):
-    _, state = build_operator(store, tmp_path, 2)
+@pytest.mark.parametrize(("compression", "mode"), [("snappy", "incremental"),
+                                                  ("none", "incremental"),
+                                                  ("snappy", "changelog")])
+def test_savepoint_restores_every_parallelism(store, tmp_path: Path, compression, mode):
+    _, state = build_operator(store, tmp_path, 2, checkpoint_mode=mode)
     full = merged(state)
     sp = create_savepoint(store, OP, "sp1", compression=compression)
     assert sp.checkpoint_id == 1 and sp.parallelism == 2 and sp.max_parallelism == MAXP

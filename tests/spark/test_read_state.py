@@ -41,13 +41,14 @@ def reference(data: list[pd.DataFrame]) -> tuple[dict, dict, dict]:
     return counts, lists, maps
 
 
-@pytest.fixture(scope="module")
-def run(spark, tmp_path_factory):
+@pytest.fixture(scope="module", params=["incremental", "changelog"])
+def run(spark, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("read-state")
     data = batches()
     write_batches(str(root / "in"), data)
     be = RocksDBStateBackend(str(root / "state"),
-                             StateBackendOptions(parallelism=2, local_dir=str(root / "local")))
+                             StateBackendOptions(parallelism=2, local_dir=str(root / "local"),
+                                                 checkpoint_mode=request.param))
 
     run_stream(spark, str(root / "in"), SCHEMA,
                lambda df: be.transform_with_state(df.groupBy("k"), P.AllStates(), OUT,

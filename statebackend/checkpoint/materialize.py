@@ -1,0 +1,258 @@
+"""Changelog mode: the lineage a changelog checkpoint names, and materializations.
+
+A changelog checkpoint of batch ``n`` publishes a manifest whose files are the base
+materialization's snapshot files plus the changelogs of batches ``m+1..n`` after it
+(:class:`Lineage`). Every few batches, or when those changelogs grow past a share of the
+materialized state (:func:`materialization_due`), the task also takes a native RocksDB
+checkpoint (hard links, synchronous) and names it ``pending_materialization`` in its
+manifest; a thread of the worker process uploads its new SST files after the task's
+output (:func:`materialize_in_background`) and publishes ``_MATERIALIZED.json``. A later
+checkpoint adopts it (:meth:`Lineage.adopt`) only when that manifest is published, so
+the base of a checkpoint is always durable (invariant 9); until then the pending name is
+carried forward, protecting its files from the coordinator's sweeps, and it is abandoned
+after :func:`pending_limit` batches (a worker that died mid-upload).
+
+A materialization reuses a base SST only when name, size *and* CRC32 match: working
+directories of one partition in different workers descend from the same snapshot but
+flush different files under the same numbers, so a name alone does not identify a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from ..recovery.local import INFLIGHT_SUFFIX
+from ..storage.base import DurableStore
+from ..storage.checksum import file_crc32
+from ..storage.manifests import read_manifest
+from .manifest import (
+    MATERIALIZED_PREFIX,
+    FileEntry,
+    MaterializationRef,
+    PartitionManifest,
+    StateDescriptor,
+    attempt_dir,
+    changelog_id,
+    check_relative,
+)
+from .snapshot import LocalSnapshot
+
+log = logging.getLogger(__name__)
+
+MIN_CHANGELOG_BYTES = 1 << 20
+"""Below this many changelog bytes since the last materialization, size never triggers one."""
+
+
+def pending_limit(interval: int) -> int:
+    """Batches after which a pending materialization that never published is abandoned."""
+    return 2 * interval + 2
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a changelog checkpoint builds on: a materialization and the changelogs after it.
+
+    Attributes
+    ----------
+    materialization : MaterializationRef or None
+        Whose snapshot ``db_files`` are (None: empty state, no snapshot yet).
+    db_files : tuple of FileEntry
+        The snapshot's files, as durable entries (``uploaded=False`` when carried over).
+    changelogs : tuple of FileEntry
+        Changelogs after the materialization, in batch order.
+    pending : MaterializationRef or None
+        A materialization being uploaded in the background.
+    """
+
+    materialization: MaterializationRef | None
+    db_files: tuple[FileEntry, ...]
+    changelogs: tuple[FileEntry, ...]
+    pending: MaterializationRef | None = None
+
+    @classmethod
+    def of(cls, restored: PartitionManifest | None) -> Lineage:
+        """The lineage a checkpoint restored from ``restored`` continues."""
+        if restored is None:
+            return cls(None, (), ())
+        carried = tuple(replace(f, uploaded=False) for f in restored.db_files)
+        if restored.mode == "changelog":
+            return cls(restored.materialization, carried,
+                       tuple(replace(f, uploaded=False) for f in restored.changelog_files),
+                       restored.pending_materialization)
+        # an incremental checkpoint is a materialization of itself (switching modes)
+        return cls(restored.snapshot_ref, carried, ())
+
+    @property
+    def materialized_id(self) -> int | None:
+        return None if self.materialization is None else self.materialization.checkpoint_id
+
+    @property
+    def materialized_size(self) -> int:
+        return sum(f.size for f in self.db_files)
+
+    @property
+    def changelog_size(self) -> int:
+        return sum(f.size for f in self.changelogs)
+
+    def adopt(self, published: PartitionManifest) -> Lineage:
+        """Take ``published`` (the pending materialization's manifest) as the new base.
+
+        The changelogs up to its batch are subsumed; the ones after it stay.
+        """
+        ref = self.pending
+        if ref is None or published.mode != "materialization" or \
+                (published.checkpoint_id, published.attempt) != (ref.checkpoint_id, ref.attempt):
+            raise ValueError(f"{published.path} is not the pending materialization {ref}")
+        return Lineage(ref, tuple(replace(f, uploaded=False) for f in published.files),
+                       tuple(c for c in self.changelogs
+                             if changelog_id(c.name) > ref.checkpoint_id))
+
+    def without_pending(self) -> Lineage:
+        return replace(self, pending=None)
+
+
+def materialization_due(lineage: Lineage, checkpoint_id: int, own_changelog: int,
+                        interval: int, ratio: float) -> bool:
+    """Whether batch ``checkpoint_id`` starts a materialization (none may be pending)."""
+    if lineage.pending is not None:
+        return False
+    since = lineage.materialized_id
+    if since is None or checkpoint_id - since >= interval:
+        return True
+    grown = lineage.changelog_size + own_changelog
+    return grown > max(MIN_CHANGELOG_BYTES, ratio * lineage.materialized_size)
+
+
+def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
+              checkpoint_id: int, interval: int) -> tuple[Lineage, str]:
+    """Adopt the pending materialization when published; abandon it when too old.
+
+    One read of durable storage, and only while a materialization is pending.
+
+    Returns
+    -------
+    tuple of (Lineage, str)
+        The lineage to build on and what happened (``none``, ``adopted``, ``pending``,
+        ``abandoned``).
+    """
+    ref = lineage.pending
+    if ref is None:
+        return lineage, "none"
+    try:
+        published = read_manifest(store, ref.path(partition))
+    except FileNotFoundError:
+        if checkpoint_id - ref.checkpoint_id > pending_limit(interval):
+            log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "
+                        "published; abandoning it", partition, ref.checkpoint_id, ref.attempt)
+            return lineage.without_pending(), "abandoned"
+        return lineage, "pending"
+    return lineage.adopt(published), "adopted"
+
+
+# --- the background upload ------------------------------------------------------------------
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            # one thread per worker process: materializations of several partitions queue
+            # rather than compete with the tasks for the machine's bandwidth
+            _POOL = ThreadPoolExecutor(1, thread_name_prefix="sb-materialize")
+        return _POOL
+
+
+def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
+                           base_files: Sequence[FileEntry], *,
+                           key_group_range: tuple[int, int], max_parallelism: int,
+                           states: Sequence[StateDescriptor] = ()) -> PartitionManifest:
+    """Upload ``snapshot``'s files not already durable in ``base_files`` and publish
+    ``_MATERIALIZED.json`` (last, atomically: invariant 3)."""
+    t0 = time.perf_counter()
+    n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
+    adir = attempt_dir(n, p, attempt)
+    base = {f.name: f for f in base_files if f.shared}
+    entries: dict[str, FileEntry] = {}
+    uploads = []
+    for f in snapshot.files:
+        local = os.path.join(snapshot.directory, f.name)
+        b = base.get(f.name)
+        if f.shared and b is not None and b.size == f.size and file_crc32(local)[1] == b.checksum:
+            entries[f.name] = replace(b, uploaded=False)
+        else:
+            uploads.append((f, local, check_relative(f"{adir}/{MATERIALIZED_PREFIX}{f.name}")))
+    transfers = store.put_files([(local, path) for _f, local, path in uploads])
+    for (f, _local, _path), t in zip(uploads, transfers):
+        if t.size != f.size:
+            raise OSError(f"materialization {n} partition {p}: {f.name} changed while "
+                          f"uploading ({f.size} -> {t.size} bytes)")
+        entries[f.name] = FileEntry(f.name, t.path, t.size, t.checksum, shared=f.shared,
+                                    uploaded=True)
+    manifest = PartitionManifest(
+        operator_id=snapshot.operator_id, partition=p, checkpoint_id=n, attempt=attempt,
+        key_group_start=key_group_range[0], key_group_end=key_group_range[1],
+        max_parallelism=max_parallelism,
+        files=tuple(entries[f.name] for f in snapshot.files), states=tuple(states),
+        created_at_ms=int(time.time() * 1000), mode="materialization")
+    manifest = manifest.with_metrics(
+        bytes_uploaded=sum(t.size for t in transfers), files_uploaded=len(transfers),
+        files_reused=len(snapshot.files) - len(transfers),
+        async_duration_s=round(time.perf_counter() - t0, 6))
+    store.put_bytes_atomic(manifest.path, manifest.to_json().encode())
+    log.info("materialization %d partition %d attempt %s: uploaded %d file(s), %d bytes",
+             n, p, attempt, len(transfers), sum(t.size for t in transfers))
+    return manifest
+
+
+def inflight_marker(copy_dir: str) -> str:
+    return copy_dir + INFLIGHT_SUFFIX
+
+
+def materialize_in_background(store: DurableStore, snapshot: LocalSnapshot,
+                              base_files: Sequence[FileEntry], *,
+                              key_group_range: tuple[int, int], max_parallelism: int,
+                              states: Sequence[StateDescriptor] = ()
+                              ) -> Future[PartitionManifest | None]:
+    """Queue :func:`upload_materialization` on this process's materialization thread.
+
+    The local snapshot directory is marked in flight (so no task prunes it) until the
+    upload ends; a failure is logged and leaves the materialization pending, to be
+    abandoned by a later checkpoint.
+    """
+    marker = inflight_marker(snapshot.directory)
+    with open(marker, "w") as fh:
+        fh.write(str(os.getpid()))
+
+    def run() -> PartitionManifest | None:
+        try:
+            return upload_materialization(store, snapshot, base_files,
+                                          key_group_range=key_group_range,
+                                          max_parallelism=max_parallelism, states=states)
+        except Exception:  # noqa: BLE001 - a background failure only delays materialization
+            log.warning("materialization %d partition %d failed", snapshot.checkpoint_id,
+                        snapshot.partition, exc_info=True)
+            return None
+        finally:
+            try:
+                os.unlink(marker)
+            except OSError:
+                pass
+
+    return _pool().submit(run)
+
+
+def wait_for_materializations() -> None:
+    """Block until this process's queued materializations have finished (tests, shutdown)."""
+    with _POOL_LOCK:
+        pool = _POOL
+    if pool is not None:
+        pool.submit(lambda: None).result()
