@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         EXIT_INTERRUPTED,
         InterruptGuard,
         await_query,
+        committed_batches,
         interrupted_line,
     )
 
@@ -174,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = verify(spark, output_dir, args)
         else:
             latest = backend.coordinator("running-totals").latest()
-            print(interrupted_line({"running-totals": None if latest is None
-                                    else latest.checkpoint_id}), flush=True)
+            print(interrupted_line(committed_batches(
+                {"running-totals": None if latest is None else latest.checkpoint_id},
+                query)), flush=True)
         if own_session:
             release(spark)  # the listener goes before the session, so no listener errors
             spark.stop()

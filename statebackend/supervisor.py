@@ -54,6 +54,7 @@ __all__ = [
     "PartitionRestore",
     "SupervisionResult",
     "await_query",
+    "committed_batches",
     "interrupted_line",
     "is_recoverable",
     "restore_counts",
@@ -163,6 +164,32 @@ def await_query(query: QueryLike, guard: InterruptGuard, poll_s: float = 0.5,
         silence_spark_log(query)
     query.stop()
     return False
+
+
+def spark_committed_batch(query: Any) -> int | None:
+    """The last micro-batch Spark committed in this run of ``query`` (None: none yet).
+
+    Spark reports a batch's progress only after writing its commit log, so this is what a
+    rerun resumes after. Our operator's checkpoint of the batch being stopped may already
+    be complete: Spark then runs that batch again, from the state of the one before.
+    """
+    ids = []
+    for p in getattr(query, "recentProgress", None) or []:
+        b = getattr(p, "batchId", None)
+        if b is None and isinstance(p, dict):
+            b = p.get("batchId")
+        if b is not None:
+            ids.append(int(b))
+    return max(ids) if ids else None
+
+
+def committed_batches(last_completed: dict[str, int | None], query: Any) -> dict[str, int | None]:
+    """Per operator, the batch a rerun resumes after: the latest completed checkpoint, but
+    never beyond the last batch Spark committed."""
+    spark = spark_committed_batch(query) if query is not None else None
+    if spark is None:
+        return last_completed
+    return {op: None if n is None else min(n, spark) for op, n in last_completed.items()}
 
 
 def interrupted_line(last_completed: dict[str, int | None]) -> str:
@@ -306,7 +333,7 @@ def _supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, 
             query = start_query()
             starts += 1
             if not await_query(query, guard, quiet_stop=exit_on_interrupt):
-                _interrupted(backend, exit_on_interrupt, stream)
+                _interrupted(backend, exit_on_interrupt, stream, query)
             error = _query_exception(query)
             if error is None:
                 if failures:
@@ -345,9 +372,10 @@ def _supervise(start_query: Callable[[], QueryLike], strategy: RestartStrategy, 
         strategy.on_restart(clock.now())
 
 
-def _interrupted(backend: Any, exit_on_interrupt: bool, stream: TextIO | None) -> None:
+def _interrupted(backend: Any, exit_on_interrupt: bool, stream: TextIO | None,
+                 query: Any = None) -> None:
     """After Ctrl-C stopped the query: say where a rerun resumes, then leave."""
-    line = interrupted_line(_latest(backend))
+    line = interrupted_line(committed_batches(_latest(backend), query))
     log.info("supervised query %s", line)
     out = stream or sys.stderr
     out.write(line + "\n")

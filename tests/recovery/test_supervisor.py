@@ -250,3 +250,20 @@ def test_a_second_ctrl_c_exits_at_once() -> None:
     assert proc.wait(timeout=60) == 130
     err = proc.stderr.read() if proc.stderr else ""
     assert "interrupted again" in err and "Traceback" not in err
+
+
+def test_the_resume_line_never_names_a_batch_spark_has_not_committed():
+    from statebackend.supervisor import committed_batches, spark_committed_batch
+
+    class Query:  # recentProgress as pyspark reports it: one entry per committed batch
+        recentProgress = [{"batchId": 0}, {"batchId": 1}]
+
+    # our checkpoint of batch 2 completed, but Spark was stopped before committing it:
+    # a rerun runs batch 2 again, so the line names batch 1
+    assert spark_committed_batch(Query()) == 1
+    assert committed_batches({"op": 2}, Query()) == {"op": 1}
+    assert committed_batches({"op": 0, "none": None}, Query()) == {"op": 0, "none": None}
+    # nothing committed in this run (or no query): the checkpoints say it
+    Query.recentProgress = []
+    assert committed_batches({"op": 2}, Query()) == {"op": 2}
+    assert committed_batches({"op": 2}, None) == {"op": 2}
