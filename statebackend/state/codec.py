@@ -347,7 +347,7 @@ def _struct_encoder(t: DataType) -> Callable[[Any], bytes]:
     encode = _struct_codec(t).encode
 
     def enc(v: Any) -> bytes:
-        if v.__class__ is not tuple and not isinstance(v, (tuple, list, dict)):
+        if not isinstance(v, (tuple, list, dict)):
             raise _Bad(f"expected a Row, tuple or dict for {t.ddl()}, got {_describe(v)}")
         try:
             return encode(v)
