@@ -439,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_in_child(argv if argv is not None else sys.argv[1:], name,
                                      os.path.join(args.out, name)))
         else:
+            if args.workdir:
+                os.makedirs(args.workdir, exist_ok=True)
             workdir = tempfile.mkdtemp(prefix=f"sb-large-{name}-", dir=args.workdir)
             try:
                 runs.append(run_lifecycle(args, name, workdir))
