@@ -148,6 +148,12 @@ def listed_records(store: DurableStore, operator_id: str) -> dict[int, str]:
     return _records_in(p[len(prefix):] for p in store.list_dir(prefix + CHECKPOINTS_DIR))
 
 
+def completed_ids(ostore: DurableStore) -> list[int]:
+    """Sorted ids of the completed-checkpoint records under an operator's own store (one
+    listing of its ``_checkpoints/``)."""
+    return sorted(_records_in(ostore.list_dir(CHECKPOINTS_DIR)))
+
+
 def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
     """The newest completed-checkpoint record of an operator, or None (for restoring tasks)."""
     prefix = f"{check_component(operator_id)}/"

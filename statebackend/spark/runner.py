@@ -18,8 +18,10 @@ import pandas as pd
 from ..checkpoint.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
+    checkpoint_dir,
     choose_manifest,
 )
+from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
 from ..metrics import rocksdb_properties
 from ..recovery.local import WORK_DIR
@@ -106,21 +108,17 @@ def resolve_base(store, partition: int, checkpoint_id: int,
     return None
 
 
-def check_continuity(store, checkpoint_id: int) -> None:
-    """Refuse to start from empty state when durable state of this operator exists: that
-    means Spark's checkpointLocation was reset or our state was removed; silently starting
-    over would lose committed state."""
-    try:
-        names = store.list_dir("_checkpoints")
-    except FileNotFoundError:
-        names = []
-    ids = sorted(int(n.rsplit("chk-", 1)[1].split(".")[0]) for n in names if "chk-" in n)
-    if ids:
+def check_continuity(completed: list[int], checkpoint_id: int) -> None:
+    """Refuse to start from empty state when durable state of this operator exists
+    (``completed``: the ids of its completed checkpoints): that means Spark's
+    checkpointLocation was reset or our state was removed; silently starting over would
+    lose committed state."""
+    if completed:
         raise IncompatibleStateError(
             f"batch {checkpoint_id} expects state of batch {checkpoint_id - 1}, which does not "
-            f"exist, but completed checkpoints {ids[0]}..{ids[-1]} do: was the Spark "
-            f"checkpointLocation reset? Use a new state location for a new query, or restart "
-            f"the query from its original Spark checkpoint.")
+            f"exist, but completed checkpoints {completed[0]}..{completed[-1]} do: was the "
+            f"Spark checkpointLocation reset? Use a new state location for a new query, or "
+            f"restart the query from its original Spark checkpoint.")
 
 
 @dataclass
@@ -190,13 +188,13 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
                         prev)
     kg_range = kg_range_of(config, partition)
     base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
-    if base is None and record is None and prev >= 0:
-        ran = last_batch_that_ran(store, prev)
+    if base is None and prev >= 0:
+        completed = completed_ids(store)
+        ran = last_batch_that_ran(store, prev, completed) if record is None else prev
         if ran != prev:
             return _obtain(config, store, checkpointer, checkpoint_id, open_instance,
                            resident, prev=ran)
-    if base is None and prev >= 0:
-        check_continuity(store, checkpoint_id)
+        check_continuity(completed, checkpoint_id)
     if base is not None and base.max_parallelism != config.max_parallelism:
         raise IncompatibleStateError(
             f"state was written with max_parallelism={base.max_parallelism}, this query uses "
@@ -232,9 +230,10 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
     return Restored(inst, rmetrics, base, base is None, et, record, prev)
 
 
-def last_batch_that_ran(store, prev: int) -> int:
+def last_batch_that_ran(store, prev: int, completed: list[int]) -> int:
     """``prev``, or the latest earlier batch with anything published when ``prev`` and the
-    batches between have nothing at all (-1: none has).
+    batches between have nothing at all (-1: none has); ``completed``: the operator's
+    completed checkpoint ids (none is passed over).
 
     Spark runs no task of a ``mapInPandas`` whose whole input is empty as planned (an empty
     file, a no-data micro-batch): the optimizer prunes it, so that micro-batch publishes no
@@ -244,13 +243,6 @@ def last_batch_that_ran(store, prev: int) -> int:
     checkpoint's directory per batch passed over, and runs only when ``prev`` has neither
     a record nor a manifest of this partition.
     """
-    from ..checkpoint.manifest import checkpoint_dir
-
-    try:
-        completed = [int(n.rsplit("chk-", 1)[1].split(".")[0])
-                     for n in store.list_dir("_checkpoints") if "chk-" in n]
-    except FileNotFoundError:
-        completed = []
     floor = max([c for c in completed if c <= prev], default=-1)
     n = prev
     while n > floor and not store.list_dir(checkpoint_dir(n)):

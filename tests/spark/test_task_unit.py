@@ -112,3 +112,27 @@ def test_input_lost_mid_task_costs_no_committed_state(tmp_path, fail_at):
     out1, source = _run_task(tmp_path, 1, "t1-retry", frames(b1))
     assert source == ("working_dir" if fail_at == 0 else "local_copy")
     assert out1.groupby("k")["v"].max().to_dict() == {"a": 6, "b": 3, "e": 3, "f": 1}
+
+
+def test_batches_that_ran_no_task_are_passed_over_and_a_reset_is_refused(memory_url):
+    """Spark prunes the operator in a micro-batch whose input is empty as planned, so
+    nothing is published for it: the next batch restores from the last batch that ran. A
+    batch with something published is never passed over, and with no state at all where
+    completed checkpoints exist the task refuses to start empty."""
+    from statebackend.coordinator.coordinator import completed_ids
+    from statebackend.errors import IncompatibleStateError
+    from statebackend.spark.runner import check_continuity, last_batch_that_ran
+    from statebackend.storage import open_store
+
+    store = open_store(memory_url[0])
+    store.put_bytes_atomic("_checkpoints/chk-3.json", b"{}")
+    store.put_bytes_atomic("chk-4/p0/a/_MANIFEST.json", b"{}")  # published, not completed
+    completed = completed_ids(store)
+    assert completed == [3]
+    assert last_batch_that_ran(store, 6, completed) == 4  # 5 and 6 ran no task
+    assert last_batch_that_ran(store, 4, completed) == 4  # something published: not skipped
+    assert last_batch_that_ran(store, 3, completed) == 3
+    assert last_batch_that_ran(open_store(memory_url[0] + "-empty"), 2, []) == -1
+    check_continuity([], 7)
+    with pytest.raises(IncompatibleStateError, match="completed checkpoints 3..3"):
+        check_continuity(completed, 7)
