@@ -1,4 +1,10 @@
-"""Shared fixtures: a moto S3 server on 127.0.0.1, and durable-store URLs of every kind.
+"""Shared fixtures: one local SparkSession, a moto S3 server on 127.0.0.1, and durable-store
+URLs of every kind.
+
+``spark`` is the one SparkSession of a pytest run (starting one costs ~10 s), whichever
+directory uses it: tests/spark, tests/cli, tests/cluster's local[2] references. The master
+is local[2,2]: two cores, and a failed task is retried once (local mode retries nothing
+otherwise), which the exactly-once tests rely on.
 
 ``store_url`` is parametrised over local, memory and S3 and yields ``(url, storage_options)``;
 any test that takes it runs once per filesystem.
@@ -8,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +37,38 @@ if _MODE:
         _post_init(self)
 
     StateBackendOptions.__post_init__ = _with_mode  # type: ignore[method-assign]
+
+SPARK_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark")
+
+# Workers unpickle the test processors by module name: their directory must be on the
+# workers' PYTHONPATH before the SparkSession (and so its Python workers) starts.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (SPARK_TESTS, os.environ.get("PYTHONPATH", "")) if p)
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+if SPARK_TESTS not in sys.path:
+    sys.path.insert(0, SPARK_TESTS)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2,2]").appName("statebackend-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+               .config("spark.sql.streaming.stateStore.providerClass",
+                       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
 
 _S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

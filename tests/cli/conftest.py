@@ -1,29 +1,17 @@
 """The CLI tests share one real streaming run: its checkpoints are what they inspect.
 
-The Spark session comes from ``tests/spark/conftest.py`` (loaded here under another module
-name, so one pytest run starts one SparkSession whichever directory it collects first).
+The Spark session is the run's one ``spark`` fixture (tests/conftest.py).
 Tests that damage state work on a copy of the run's state directory.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pytest
-
-SPARK_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark")
-_spec = importlib.util.spec_from_file_location("_spark_conftest",
-                                               os.path.join(SPARK_TESTS, "conftest.py"))
-assert _spec is not None and _spec.loader is not None
-_spark_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_spark_conftest)  # sets PYTHONPATH for the workers, adds sys.path
-
-spark = _spark_conftest.spark
 
 OPERATOR = "rc"
 BATCHES = 5
