@@ -326,7 +326,8 @@ class LocalRecovery:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is alive."""
+    """Whether process ``pid`` of this machine is alive (a zombie, exited but not yet
+    reaped by its parent, is not)."""
     if pid <= 0:
         return False
     try:
@@ -335,7 +336,13 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True  # no procfs: cannot tell more
+    # the state letter follows "(comm) "; comm may hold any character, so the last ')'
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def _recent(path: str, seconds: float = 3600.0) -> bool:

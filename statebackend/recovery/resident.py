@@ -166,14 +166,9 @@ class ResidentInstances:
             if pid == os.getpid():
                 continue
             if not pid_alive(pid):
-                if _lock_held(src):
-                    continue
-                try:
-                    os.rename(src, local.working_dir)
-                    os.rename(src + MARKER_SUFFIX, local.marker_path)
+                if _take_from_dead(src, local):
                     return True
-                except OSError:
-                    continue
+                continue
             request = src + RELEASE_SUFFIX
             try:
                 fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -181,7 +176,10 @@ class ResidentInstances:
                 continue  # another task asked first
             with os.fdopen(fd, "w") as fh:
                 fh.write(os.path.basename(local.working_dir))
-            if _wait_for(local.marker_path, wait_s):
+            # the owner may die while we wait (a killed worker): then take it directly
+            if _wait_for(local.marker_path, wait_s,
+                         lambda p=pid, d=src: not pid_alive(p) and _take_from_dead(d, local)):
+                _unlink(request)
                 return True
             try:
                 os.unlink(request)  # withdrawn before the owner took it up
@@ -383,10 +381,11 @@ def _marked_dirs(local: LocalRecovery, base: PartitionManifest) -> list[tuple[st
     return out
 
 
-def _wait_for(path: str, wait_s: float) -> bool:
+def _wait_for(path: str, wait_s: float, other=None) -> bool:
+    """Wait at most ``wait_s`` for ``path`` to exist, or for ``other()`` to return True."""
     deadline = time.monotonic() + wait_s
     while True:
-        if os.path.exists(path):
+        if os.path.exists(path) or (other is not None and other()):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -414,6 +413,19 @@ def _superseded(entry: _Entry) -> bool:
     return bool(copies) and copies[-1][0] > entry.checkpoint_id
 
 
+
+
+def _take_from_dead(src: str, local: LocalRecovery) -> bool:
+    """Move the working directory ``src`` of a dead process, and its clean marker, to
+    ``local``'s working directory once no process holds its LOCK (False: not taken)."""
+    if _lock_held(src):
+        return False
+    try:
+        os.rename(src, local.working_dir)
+        os.rename(src + MARKER_SUFFIX, local.marker_path)
+    except OSError:
+        return False
+    return True
 
 
 def _lock_held(path: str) -> bool:

@@ -1,6 +1,7 @@
 """Another Python worker of the same executor, for tests/spark/test_resident.py: runs one
 task of the in-process running count with keep_instances_open, prints its result as JSON,
-then exits cleanly ("exit") or dies with its instance still open ("crash"). An optional
+then exits cleanly ("exit"), dies with its instance still open ("crash"), or keeps it
+busy (never handed over) for 1 s and then dies ("busy-crash"). An optional
 last argument sets how long it waits for a handover (the tests of a live owner wait long:
 a loaded machine may take more than the product's 1 s to run the owner's timer)."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from inproc import frames, run_task
 
@@ -23,5 +25,10 @@ if __name__ == "__main__":
     print(json.dumps({"source": source, "pid": os.getpid(),
                       "counts": {k: int(v) for k, v in out.groupby("k")["v"].max().items()}}),
           flush=True)
-    if how == "crash":
+    if how == "busy-crash":
+        for cache in list(resident._CACHES.values()):
+            with cache._lock:
+                cache._entries.clear()  # in use, as by a task: requests are not taken up
+        time.sleep(1.0)
+    if how in ("crash", "busy-crash"):
         os._exit(0)  # no atexit: the instance stays open until the kernel drops the process

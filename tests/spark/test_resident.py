@@ -192,6 +192,31 @@ def test_a_busy_owner_never_blocks_the_next_task(tmp_path):
         busy.instance.close()
 
 
+def test_an_owner_that_dies_while_asked_hands_over_by_dying(tmp_path, monkeypatch):
+    # Another worker kept partition 0 open and is busy (it never takes up requests) when
+    # it dies, as a Python worker killed mid-task does: the waiting task sees the owner
+    # dead, its LOCK free, and takes the directory over instead of waiting out its limit
+    # and restoring from the local copy. The owner is left unreaped (a zombie) meanwhile.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (HERE, os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH"))
+        if p))
+    owner = subprocess.Popen([sys.executable, os.path.join(HERE, "resident_procs.py"),
+                              str(tmp_path), "0", "t0", "a,b", "busy-crash"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(owner.stdout.readline())
+        assert first["source"] == "empty" and first["counts"] == {"a": 1, "b": 1}
+        monkeypatch.setattr(resident, "HANDOVER_WAIT_S", 120.0)
+        out1, s1 = run_task(str(tmp_path), 1, "t1", frames(["a", "c"]), **ON)
+        assert owner.poll() is not None or not resident.pid_alive(owner.pid)
+    finally:
+        owner.wait(timeout=120)
+    assert s1 == "working_dir" and counts(out1) == {"a": 2, "c": 1}
+    assert [d for d in work_dirs(tmp_path) if f"work-{first['pid']}-" in d] == []
+    assert not [n for n in os.listdir(os.path.join(str(tmp_path), "local", "frames", "p0"))
+                if n.endswith(resident.RELEASE_SUFFIX)]
+
+
 def test_many_batches_count_exactly_once_with_instances_kept_open(tmp_path):
     import random
 
