@@ -32,6 +32,7 @@ from ..rocksdb.instance import RocksDBInstance
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, publish_manifest
+from ..storage.priority import critical_path
 from .changelog import ChangelogWriter
 from .manifest import (
     FileEntry,
@@ -43,7 +44,14 @@ from .manifest import (
     check_component,
     check_relative,
 )
-from .materialize import Lineage, materialization_due, materialize_in_background, try_adopt
+from .materialize import (
+    Lineage,
+    materialization_due,
+    materialize_in_background,
+    materialize_inline,
+    try_adopt,
+    upload_materialization,
+)
 from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
 from .restore import (
     download_checkpoint,
@@ -404,34 +412,23 @@ class PartitionCheckpointer:
                 lineage = lineage.without_pending()
             lineage, adoption = try_adopt(self.store, lineage, self.partition, n,
                                           self.options.materialize_interval)
-            if materialization_due(lineage, n, stats.size, self.options.materialize_interval,
-                                   self.options.materialize_changelog_ratio):
+            inline = materialize_inline(lineage, stats.size)
+            if inline or materialization_due(lineage, n, stats.size,
+                                             self.options.materialize_interval,
+                                             self.options.materialize_changelog_ratio):
                 snapshot = self.snapshot_sync(instance, n, attempt)
                 lineage = replace(lineage, pending=MaterializationRef(n, attempt))
             sync_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            adir = attempt_dir(n, self.partition, attempt)
-            name = changelog_name(n)
-            try:
-                # no listing first: the upload refuses an existing name (a reused attempt)
-                (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
-            except StorageError as exc:
-                if isinstance(exc.__cause__, FileExistsError):
-                    raise CommitFailedError(
-                        f"checkpoint {n} partition {self.partition}: attempt {attempt!r} "
-                        f"already wrote {adir}/{name}; durable files are never overwritten, "
-                        f"so retry under a fresh attempt name") from exc
-                raise
-            if (t.size, t.checksum) != (stats.size, stats.checksum):
-                raise StorageError(f"checkpoint {n} partition {self.partition}: changelog "
-                                   f"changed while uploading ({stats.size} bytes "
-                                   f"{stats.checksum} -> {t.size} {t.checksum})")
-            own = FileEntry(name, t.path, t.size, t.checksum, shared=True, uploaded=True)
+            if inline:
+                lineage, own = self._materialize_now(snapshot, lineage, kgr, states), ()
+            else:
+                own = (self._upload_changelog(local_log, n, attempt, stats),)
             manifest = PartitionManifest(
                 operator_id=self.operator_id, partition=self.partition, checkpoint_id=n,
                 attempt=attempt, key_group_start=kgr[0], key_group_end=kgr[1],
                 max_parallelism=self.options.max_parallelism,
-                files=lineage.db_files + lineage.changelogs + (own,),
+                files=lineage.db_files + lineage.changelogs + own,
                 base_checkpoint_id=None if base is None else base.checkpoint_id,
                 states=tuple(states), created_at_ms=int(time.time() * 1000),
                 mode="changelog", materialization=lineage.materialization,
@@ -439,13 +436,17 @@ class PartitionCheckpointer:
             metrics = CheckpointMetrics(
                 checkpoint_id=n, partition=self.partition, attempt=attempt,
                 sync_duration_s=sync_s, async_duration_s=time.perf_counter() - t1,
-                bytes_uploaded=t.size, files_uploaded=1,
-                files_reused=len(manifest.files) - 1, full_size=manifest.full_size,
+                bytes_uploaded=manifest.incremental_size,
+                files_uploaded=sum(f.uploaded for f in manifest.files),
+                files_reused=sum(not f.uploaded for f in manifest.files),
+                full_size=manifest.full_size,
                 incremental_size=manifest.incremental_size)
             changelog = {"records": stats.records, "raw_bytes": stats.raw_bytes,
                          "bytes": stats.size, "since_materialization":
-                         lineage.changelog_size + stats.size,
-                         "adoption": adoption, "materialization_started": snapshot is not None}
+                         lineage.changelog_size + sum(f.size for f in own),
+                         "adoption": adoption,
+                         "materialization_started": snapshot is not None and not inline,
+                         "materialized_inline": inline}
             extra = dict(extra_metrics or {})
             counts1 = self.store.request_counts()
             if counts0 is not None and counts1 is not None:
@@ -453,7 +454,8 @@ class PartitionCheckpointer:
                 extra["checkpoint_requests"] = (counts1 - counts0
                                                 + RequestCounts(put=1)).to_dict()
             manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
-            publish_manifest(self.store, manifest)
+            with critical_path():
+                publish_manifest(self.store, manifest)
         except BaseException:
             rec.abort()
             if snapshot is not None:
@@ -464,13 +466,48 @@ class PartitionCheckpointer:
                 pass
             raise
         metrics = replace(metrics, async_duration_s=time.perf_counter() - t1)
-        if snapshot is not None:
+        if inline:
+            os.unlink(local_log)  # the materialization holds this batch's writes
+        elif snapshot is not None:
             materialize_in_background(self.store, snapshot, lineage.db_files,
                                       key_group_range=kgr,
                                       max_parallelism=self.options.max_parallelism,
                                       states=states)
         self._keep_changelog_local(instance, manifest, local_log)
         return manifest, metrics
+
+    def _upload_changelog(self, local_log: str, n: int, attempt: str, stats) -> FileEntry:
+        """Upload batch ``n``'s changelog (critical path); its durable entry."""
+        adir = attempt_dir(n, self.partition, attempt)
+        name = changelog_name(n)
+        try:
+            # no listing first: the upload refuses an existing name (a reused attempt)
+            with critical_path():
+                (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
+        except StorageError as exc:
+            if isinstance(exc.__cause__, FileExistsError):
+                raise CommitFailedError(
+                    f"checkpoint {n} partition {self.partition}: attempt {attempt!r} "
+                    f"already wrote {adir}/{name}; durable files are never overwritten, "
+                    f"so retry under a fresh attempt name") from exc
+            raise
+        if (t.size, t.checksum) != (stats.size, stats.checksum):
+            raise StorageError(f"checkpoint {n} partition {self.partition}: changelog "
+                               f"changed while uploading ({stats.size} bytes "
+                               f"{stats.checksum} -> {t.size} {t.checksum})")
+        return FileEntry(name, t.path, t.size, t.checksum, shared=True, uploaded=True)
+
+    def _materialize_now(self, snapshot: LocalSnapshot, lineage: Lineage,
+                         kgr: tuple[int, int], states: Sequence[StateDescriptor]) -> Lineage:
+        """Upload the materialization ``snapshot`` in the critical path (see
+        :func:`~.materialize.materialize_inline`) and adopt it at once: the checkpoint
+        names it and no changelog (its files uploaded now are marked ``uploaded``)."""
+        with critical_path():
+            published = upload_materialization(
+                self.store, snapshot, lineage.db_files, key_group_range=kgr,
+                max_parallelism=self.options.max_parallelism, states=states,
+                background=False)
+        return Lineage(lineage.pending, published.files, ())
 
     def _keep_changelog_local(self, instance: RocksDBInstance, manifest: PartitionManifest,
                               local_log: str) -> None:
@@ -488,7 +525,8 @@ class PartitionCheckpointer:
                 self.local.prune_changelogs(manifest.materialized_id, keep=[local_log])
             else:
                 self.local.prune_changelogs(None)
-                os.unlink(local_log)
+                if os.path.exists(local_log):
+                    os.unlink(local_log)
                 self.local.retain()
         except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
             log.warning("checkpoint %d partition %d: keeping the local changelog failed",
@@ -501,10 +539,11 @@ class PartitionCheckpointer:
         base = self._check_base(base)
         kgr = key_group_range or (0, self.options.max_parallelism - 1)
         try:
-            manifest, metrics = upload_snapshot(
-                self.store, snapshot, base=base, key_group_range=kgr,
-                max_parallelism=self.options.max_parallelism, states=states,
-                incremental=self.options.incremental, extra_metrics=extra_metrics)
+            with critical_path():
+                manifest, metrics = upload_snapshot(
+                    self.store, snapshot, base=base, key_group_range=kgr,
+                    max_parallelism=self.options.max_parallelism, states=states,
+                    incremental=self.options.incremental, extra_metrics=extra_metrics)
         except BaseException:
             # The snapshot of an unpublished checkpoint is no secondary copy of anything.
             self.local.remove_copy(snapshot.directory)

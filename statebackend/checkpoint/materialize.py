@@ -31,6 +31,7 @@ from ..recovery.local import INFLIGHT_SUFFIX
 from ..storage.base import DurableStore
 from ..storage.checksum import file_crc32
 from ..storage.manifests import read_manifest
+from ..storage.priority import yield_to_critical_path
 from .manifest import (
     MATERIALIZED_PREFIX,
     FileEntry,
@@ -129,6 +130,20 @@ def materialization_due(lineage: Lineage, checkpoint_id: int, own_changelog: int
     return grown > max(MIN_CHANGELOG_BYTES, ratio * lineage.materialized_size)
 
 
+def materialize_inline(lineage: Lineage, own_changelog: int) -> bool:
+    """Whether batch's checkpoint should be a materialization taken in its critical path
+    instead of a changelog (none may be pending).
+
+    When a batch wrote at least as many changelog bytes as the state it started from (the
+    first batch of a load, a rewrite of most keys), its new SST files are no bigger than
+    its changelog: uploading them now costs the critical path no more, and spares the
+    store a second copy of the same data and the next batches a background upload of it.
+    """
+    if lineage.pending is not None or own_changelog < MIN_CHANGELOG_BYTES:
+        return False
+    return own_changelog >= lineage.materialized_size + lineage.changelog_size
+
+
 def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
               checkpoint_id: int, interval: int) -> tuple[Lineage, str]:
     """Adopt the pending materialization when published; abandon it when too old.
@@ -174,9 +189,15 @@ def _pool() -> ThreadPoolExecutor:
 def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
                            base_files: Sequence[FileEntry], *,
                            key_group_range: tuple[int, int], max_parallelism: int,
-                           states: Sequence[StateDescriptor] = ()) -> PartitionManifest:
+                           states: Sequence[StateDescriptor] = (),
+                           background: bool = True) -> PartitionManifest:
     """Upload ``snapshot``'s files not already durable in ``base_files`` and publish
-    ``_MATERIALIZED.json`` (last, atomically: invariant 3)."""
+    ``_MATERIALIZED.json`` (last, atomically: invariant 3).
+
+    ``background``: one file at a time, none started while a critical-path upload of the
+    process runs (:mod:`~statebackend.storage.priority`); else all at once, in parallel
+    (a materialization in a batch's critical path).
+    """
     t0 = time.perf_counter()
     n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
     adir = attempt_dir(n, p, attempt)
@@ -190,7 +211,13 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
             entries[f.name] = replace(b, uploaded=False)
         else:
             uploads.append((f, local, check_relative(f"{adir}/{MATERIALIZED_PREFIX}{f.name}")))
-    transfers = store.put_files([(local, path) for _f, local, path in uploads])
+    transfers, yielded = [], 0.0
+    if background:
+        for _f, local, path in uploads:
+            yielded += yield_to_critical_path()
+            transfers.extend(store.put_files([(local, path)]))
+    else:
+        transfers = store.put_files([(local, path) for _f, local, path in uploads])
     for (f, _local, _path), t in zip(uploads, transfers):
         if t.size != f.size:
             raise OSError(f"materialization {n} partition {p}: {f.name} changed while "
@@ -206,7 +233,8 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
     manifest = manifest.with_metrics(
         bytes_uploaded=sum(t.size for t in transfers), files_uploaded=len(transfers),
         files_reused=len(snapshot.files) - len(transfers),
-        async_duration_s=round(time.perf_counter() - t0, 6))
+        async_duration_s=round(time.perf_counter() - t0, 6),
+        yielded_to_critical_path_s=round(yielded, 6))
     store.put_bytes_atomic(manifest.path, manifest.to_json().encode())
     log.info("materialization %d partition %d attempt %s: uploaded %d file(s), %d bytes",
              n, p, attempt, len(transfers), sum(t.size for t in transfers))

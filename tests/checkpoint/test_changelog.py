@@ -21,6 +21,7 @@ from hypothesis import given, settings
 
 from statebackend.checkpoint import PartitionCheckpointer, PartitionManifest, RestoreSource
 from statebackend.checkpoint import checkpointer as checkpointer_mod
+from statebackend.checkpoint import materialize as materialize_mod
 from statebackend.checkpoint.changelog import ChangelogWriter, read_records, replay
 from statebackend.checkpoint.manifest import (
     MATERIALIZED_NAME,
@@ -257,7 +258,11 @@ def test_any_writes_crashes_and_materializations_restore_the_model(
     bg = Background()
     orig = checkpointer_mod.materialize_in_background
     orig_publish = checkpointer_mod.publish_manifest
+    orig_min = materialize_mod.MIN_CHANGELOG_BYTES
     checkpointer_mod.materialize_in_background = bg.submit  # type: ignore[assignment]
+    # small enough that a batch writing more than the state (the first one, or after an
+    # abandoned materialization) materializes in its own critical path
+    materialize_mod.MIN_CHANGELOG_BYTES = 64
     root = tempfile.mkdtemp()
     try:
         store = open_store(os.path.join(root, "durable"), backoff_s=0.0)
@@ -282,8 +287,11 @@ def test_any_writes_crashes_and_materializations_restore_the_model(
                 with pytest.raises(StorageError):
                     cp.checkpoint(inst, n, f"x{i}", (0, 127))
                 checkpointer_mod.publish_manifest = orig_publish  # type: ignore[assignment]
-                assert store.child(OP).exists(f"{attempt_dir(n, 0, f'x{i}')}/"
-                                              f"{changelog_name(n)}")
+                # its changelog, or the materialization of a batch that wrote more than
+                # its state, stays behind unreferenced
+                adir = attempt_dir(n, 0, f"x{i}")
+                assert store.child(OP).exists(f"{adir}/{changelog_name(n)}") or \
+                    store.child(OP).exists(f"{adir}/{MATERIALIZED_NAME}")
                 inst.close()
                 n -= 1  # the batch is retried under the same id
                 continue
@@ -300,6 +308,7 @@ def test_any_writes_crashes_and_materializations_restore_the_model(
     finally:
         checkpointer_mod.materialize_in_background = orig  # type: ignore[assignment]
         checkpointer_mod.publish_manifest = orig_publish  # type: ignore[assignment]
+        materialize_mod.MIN_CHANGELOG_BYTES = orig_min
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -348,6 +357,48 @@ def test_crash_during_materialization_is_abandoned_then_retried(
     assert nxt.materialization == last.pending_materialization
     assert [f.name for f in nxt.changelog_files] == [changelog_name(nxt.checkpoint_id)]
     assert restore_durable(store, nxt, opts) == model
+
+
+def test_a_batch_that_writes_more_than_its_state_materializes_in_its_critical_path(
+        tmp_path: Path, background: Background) -> None:
+    # A load: the first batch's changelog would be as big as the state, and a background
+    # materialization would upload the same data again. Its checkpoint is a materialization
+    # instead, adopted at once; the next (small) batch is a changelog on top of it.
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = options()
+    model: Model = {}
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    inst, _ = cp.restore(None)
+    apply(inst, model, [("batch", "default", [(b"load%05d" % i, os.urandom(1024))
+                                              for i in range(3000)])])
+    m1, met1 = cp.checkpoint(inst, 1, "a0", (0, 127))
+    inst.close()
+    assert background.queue == []  # nothing left for the background
+    assert m1.materialization == MaterializationRef(1, "a0")
+    assert m1.pending_materialization is None and m1.changelog_files == ()
+    assert m1.metrics["changelog"]["materialized_inline"] is True
+    assert store.child(OP).exists(f"{attempt_dir(1, 0, 'a0')}/{MATERIALIZED_NAME}")
+    assert met1.bytes_uploaded == sum(f.size for f in m1.db_files) >= 3000 * 1024
+    assert restore_durable(store, m1, opts) == model
+    # the next batch restores from the local copy of that materialization, downloading
+    # nothing, and adds a changelog only
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    cp.local.use_working_dir("elsewhere")  # not the working directory: the local copy
+    inst, rmet = cp.restore(m1)
+    assert rmet.source == RestoreSource.LOCAL_COPY and rmet.bytes_downloaded == 0
+    apply(inst, model, [("put", "default", b"after", b"load")])
+    m2, met2 = cp.checkpoint(inst, 2, "a0", (0, 127))
+    inst.close()
+    assert m2.materialization == MaterializationRef(1, "a0") and background.queue == []
+    assert [f.name for f in m2.changelog_files] == [changelog_name(2)]
+    assert {f.path for f in m1.db_files} <= {f.path for f in m2.files}
+    assert met2.bytes_uploaded == m2.changelog_files[0].size
+    assert restore_durable(store, m2, opts) == model
+    # the coordinator counts the materialization's files for both and deletes nothing live
+    coord = CheckpointCoordinator(store, OP, 1, 128, num_retained=1)
+    assert coord.try_complete(1) is not None and coord.try_complete(2) is not None
+    coord.collect_garbage()
+    assert restore_durable(store, m2, opts) == model
 
 
 @pytest.mark.faults
@@ -436,7 +487,8 @@ def test_manifest_round_trips_changelog_fields(tmp_path: Path, background: Backg
 def test_lineage_of_an_incremental_manifest_is_its_own_materialization(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     model: Model = {}
-    inc = _batch(store, tmp_path, StateBackendOptions(), None, 1, model)
+    inc = _batch(store, tmp_path, StateBackendOptions(checkpoint_mode="incremental"), None,
+                 1, model)
     lin = Lineage.of(inc)
     assert lin.materialization == MaterializationRef(1, "a0") and lin.changelogs == ()
     assert not materialization_due(lin, 2, 10, interval=5, ratio=0.5)
@@ -446,7 +498,8 @@ def test_lineage_of_an_incremental_manifest_is_its_own_materialization(tmp_path:
     m2 = _batch(store, tmp_path, options(), inc, 2, model)
     assert m2.materialization == MaterializationRef(1, "a0")
     assert restore_durable(store, m2, options()) == model
-    m3 = _batch(store, tmp_path, StateBackendOptions(), m2, 3, model)
+    m3 = _batch(store, tmp_path, StateBackendOptions(checkpoint_mode="incremental"), m2, 3,
+                model)
     assert m3.mode == "incremental" and restore_durable(store, m3, options()) == model
 
 
