@@ -3,7 +3,9 @@
 Every request (HEAD, PUT, GET, LIST, DELETE) waits ``latency_s``; the bytes of a PUT or
 a GET also wait their turn on a link of ``bandwidth`` bytes/s, one link up and one down
 (full duplex), shared by all threads of the process, so four parallel uploads share the
-100 MB/s rather than getting 400. Directories cost nothing (object stores have none).
+100 MB/s rather than getting 400. Transfers take the link a slice (:data:`SLICE`) at a
+time, so concurrent ones share it as TCP flows do: a small PUT started while a large one
+is under way gets its share at once instead of waiting for the whole large object. Directories cost nothing (object stores have none).
 It is not a :class:`~fsspec.implementations.local.LocalFileSystem`, so the store takes its
 object-store path (plain PUTs, no temp file and rename).
 
@@ -46,21 +48,29 @@ class Stats:
 STATS = Stats()
 
 
+SLICE = 1 << 20
+"""Bytes a transfer takes the link for at a time (concurrent transfers interleave)."""
+
+
 class _Link:
-    """One direction of the network: transfers queue for ``bandwidth`` bytes/s."""
+    """One direction of the network: ``bandwidth`` bytes/s, handed out slice by slice."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._busy_until = 0.0
 
     def transfer(self, nbytes: int, bandwidth: float) -> None:
-        with self._lock:
-            start = max(time.monotonic(), self._busy_until)
-            self._busy_until = start + nbytes / bandwidth
-            until = self._busy_until
-        delay = until - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        while True:
+            part = min(nbytes, SLICE)
+            with self._lock:
+                start = max(time.monotonic(), self._busy_until)
+                self._busy_until = until = start + part / bandwidth
+            delay = until - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            nbytes -= part
+            if nbytes <= 0:
+                return
 
 
 _UP, _DOWN = _Link(), _Link()
