@@ -151,7 +151,8 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
     # Same value in a fresh interpreter with a different hash seed: nothing depends on
     # dict order or hash().
     code = ("from statebackend.options import StateBackendOptions as S; "
-            "print(S(parallelism=4, compression_per_level=('snappy', 'zstd')).fingerprint())")
+            "print(S(parallelism=4, compression_per_level=('snappy', 'zstd'), "
+            f"checkpoint_mode={o.checkpoint_mode!r}).fingerprint())")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, cwd=str(Path(__file__).resolve().parent.parent))

@@ -50,9 +50,11 @@ def test_upload_failing_midway_publishes_nothing_and_next_checkpoint_succeeds(
     store = open_store(root, fs=fs, retries=1, backoff_s=0.0, upload_threads=1)
     local = str(tmp_path / "local")
     healthy = open_store(root, fs=fsspec.filesystem("memory"))
-    m1, s1 = batch(PartitionCheckpointer(healthy, OP, 0, local_root=local), None, 1, "a0", b"1")
+    inc = StateBackendOptions(checkpoint_mode="incremental")  # SST uploads failing midway
+    m1, s1 = batch(PartitionCheckpointer(healthy, OP, 0, inc, local_root=local), None, 1, "a0",
+                   b"1")
 
-    cp = PartitionCheckpointer(store, OP, 0, local_root=local)
+    cp = PartitionCheckpointer(store, OP, 0, inc, local_root=local)
     inst, _ = cp.restore(m1)
     inst.write({"default": {b"new%d" % i: b"v" * 30 for i in range(300)}})
     inst.flush()

@@ -29,6 +29,7 @@ from statebackend.storage import (
     read_manifest,
 )
 
+INC = "incremental"
 OP = "op-1"
 STATES = (StateDescriptor("count", "value", value_schema="c long", ttl_ms=60_000),)
 
@@ -45,7 +46,10 @@ def write_batch(inst: RocksDBInstance, start: int, n: int, tag: bytes) -> None:
 
 def make(store: FsspecStore, tmp_path: Path, partition: int = 0,
          **opts: Any) -> PartitionCheckpointer:
-    return PartitionCheckpointer(store, OP, partition, StateBackendOptions(**opts),
+    # this module is about incremental checkpoints (tests/checkpoint/test_changelog.py
+    # has changelog mode's)
+    return PartitionCheckpointer(store, OP, partition,
+                                 StateBackendOptions(**{"checkpoint_mode": INC, **opts}),
                                  str(tmp_path / "local"))
 
 
@@ -387,7 +391,8 @@ def test_local_copy_rocksdb_refuses_to_open_falls_back(store: FsspecStore,
             raise RuntimeError("Corruption: bad block")
         return RocksDBInstance(path)
 
-    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(), str(tmp_path / "local"),
+    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(checkpoint_mode=INC),
+                               str(tmp_path / "local"),
                                open_instance=flaky_open)
     cp.local.discard_working_dir()
     inst, rm = cp.restore(m1)

@@ -54,7 +54,8 @@ class HoldFirstUpload(RunningCount):
                 hold = _PATCHED.get("hold")
                 if hold is not None:
                     sync, n, root = hold
-                    if (root in store.root and f"chk-{n}/" in path and path.endswith(".sst")
+                    if (root in store.root and f"chk-{n}/" in path
+                            and path.endswith((".sst", ".sbcl"))  # either mode's data
                             and _first_time(os.path.join(sync, "uploading"))):
                         deadline = time.monotonic() + 60
                         while (not os.path.exists(os.path.join(sync, "stopped"))

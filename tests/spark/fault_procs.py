@@ -125,7 +125,9 @@ class OutageFileSystem(FaultInjectingFileSystem):
         return path.rstrip("/") or "/"
 
     def _maybe_fail(self, method: str, path: str) -> bool:
-        return (method == self.fail_method and self.match in path and path.endswith(".sst")
+        # the checkpoint's data files, in either mode (SSTs, or the changelog)
+        return (method == self.fail_method and self.match in path
+                and path.endswith((".sst", ".sbcl"))
                 and os.path.exists(self.outage_marker))
 
 

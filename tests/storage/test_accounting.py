@@ -22,6 +22,7 @@ from statebackend.storage.accounting import AccountingFileSystem, RequestCounts
 from statebackend.storage.testing import FaultInjectingFileSystem
 
 MiB = 1024 * 1024
+INC = "incremental"
 OP = "op-1"
 STATES = (StateDescriptor("count", "value", value_schema="c long"),)
 
@@ -170,7 +171,9 @@ def _memory() -> Any:
 
 
 def _checkpoint(store: FsspecStore, tmp: Path, n: int, base: Any, partition: int = 0) -> Any:
-    cp = PartitionCheckpointer(store, OP, partition, StateBackendOptions(), str(tmp / "local"))
+    # incremental checkpoints' requests (changelog mode adds the adoption's reads)
+    cp = PartitionCheckpointer(store, OP, partition, StateBackendOptions(checkpoint_mode=INC),
+                               str(tmp / "local"))
     inst, _ = cp.restore(base)
     inst.write({"default": {b"k%06d" % i: b"v%d" % n * 10 for i in range(n * 50, n * 50 + 200)},
                 "count": {b"c": b"%d" % n}})
@@ -198,7 +201,8 @@ def test_checkpoint_puts_are_files_written_plus_one_manifest(store: FsspecStore,
 def test_restore_from_durable_reads_each_file_once_and_never_lists(store: FsspecStore,
                                                                    tmp_path: Path) -> None:
     m, _ = _checkpoint(store, tmp_path / "w", 1, None)
-    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(), str(tmp_path / "elsewhere"))
+    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(checkpoint_mode=INC),
+                               str(tmp_path / "elsewhere"))
     before = store.request_counts()
     inst, rm = cp.restore(m)
     inst.close()
