@@ -23,8 +23,9 @@ after it, so both are counted here like any SST: a changelog subsumed by a newer
 materialization loses its last reference when the checkpoints that listed it are subsumed.
 A materialization still uploading in the background is named only as *pending* (its files'
 names are not known yet); :meth:`SharedStateRegistry.sweep_bound` keeps the coordinator's
-sweeps below the oldest batch a retained checkpoint names as pending, so its files are
-neither swept nor leaked: once adopted they are referenced, once abandoned they are swept.
+sweeps below the oldest batch the newest retained checkpoint names as pending, so its files
+are neither swept nor leaked: once adopted they are referenced, once abandoned they are
+swept.
 
 Retention
 ---------
@@ -176,8 +177,13 @@ class SharedStateRegistry:
 
     def sweep_bound(self, latest: int) -> int:
         """Sweeps of ``chk-<k>/`` may run for ``k`` below this: ``latest``, or the oldest
-        batch whose materialization a retained checkpoint names as pending."""
-        pending = [k for n in self.retained_ids() for k in self.checkpoints[n].pending]
+        batch whose materialization the newest retained checkpoint names as pending.
+
+        Only the newest one matters: a materialization an older checkpoint named as
+        pending and the newest does not was adopted since (its files are referenced now)
+        or abandoned (garbage; no restore reads a pending materialization's files)."""
+        retained = self.retained_ids()
+        pending = self.checkpoints[max(retained)].pending if retained else ()
         return min([latest, *pending])
 
     def unreferenced_paths(self, checkpoint_id: int) -> frozenset[str]:

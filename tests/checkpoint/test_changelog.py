@@ -514,10 +514,12 @@ def test_registry_counts_changelogs_and_bounds_sweeps_below_pending() -> None:
     reg = reg.register(reg_cp(1, c[1:2], {1})).register(reg_cp(2, c[1:3], {1}))
     assert reg.refs[c[1]] == {1, 2} and reg.sweep_bound(2) == 1
     # batch 3 adopts the materialization of 1: changelogs 1 drops out of the references
+    # (checkpoint 2, still retained, names 1 as pending: adopted now, its files referenced)
     reg = reg.register(reg_cp(3, ["chk-1/p0/a/m-000009.sst", c[2], c[3]], set()))
-    assert reg.sweep_bound(3) == 1  # checkpoint 2 (retained) still names 1 pending
-    reg = reg.register(reg_cp(4, ["chk-1/p0/a/m-000009.sst", c[2], c[3], c[4]], set()))
-    assert reg.sweep_bound(4) == 4 and c[1] not in reg.refs
+    assert reg.sweep_bound(3) == 3 and reg.is_referenced("chk-1/p0/a/m-000009.sst")
+    # batch 4 starts another materialization: sweeps stay below it
+    reg = reg.register(reg_cp(4, ["chk-1/p0/a/m-000009.sst", c[2], c[3], c[4]], {4}))
+    assert reg.sweep_bound(4) == 4 and reg.sweep_bound(5) == 4 and c[1] not in reg.refs
     assert c[1] in reg.unreferenced_paths(2)
 
 
