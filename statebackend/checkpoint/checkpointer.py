@@ -411,7 +411,8 @@ class PartitionCheckpointer:
                 # adopt (its changelogs, replayed before this batch's, still are the state)
                 lineage = lineage.without_pending()
             lineage, adoption = try_adopt(self.store, lineage, self.partition, n,
-                                          self.options.materialize_interval)
+                                          self.options.materialize_interval,
+                                          self._materialization_uploading)
             inline = materialize_inline(lineage, stats.size)
             if inline or materialization_due(lineage, n, stats.size,
                                              self.options.materialize_interval,
@@ -475,6 +476,12 @@ class PartitionCheckpointer:
                                       states=states)
         self._keep_changelog_local(instance, manifest, local_log)
         return manifest, metrics
+
+    def _materialization_uploading(self, ref: MaterializationRef) -> bool:
+        """Whether a live process of this machine still uploads materialization ``ref``
+        of this partition (its local copy is marked in flight)."""
+        d = os.path.abspath(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
+        return d in self.local.inflight_copies()
 
     def _upload_changelog(self, local_log: str, n: int, attempt: str, stats) -> FileEntry:
         """Upload batch ``n``'s changelog (critical path); its durable entry."""

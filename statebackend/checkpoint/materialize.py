@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -145,10 +145,16 @@ def materialize_inline(lineage: Lineage, own_changelog: int) -> bool:
 
 
 def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
-              checkpoint_id: int, interval: int) -> tuple[Lineage, str]:
+              checkpoint_id: int, interval: int,
+              uploading: Callable[[MaterializationRef], bool] | None = None
+              ) -> tuple[Lineage, str]:
     """Adopt the pending materialization when published; abandon it when too old.
 
-    One read of durable storage, and only while a materialization is pending.
+    One read of durable storage, and only while a materialization is pending. Too old
+    (:func:`pending_limit` batches) is not enough to abandon one that ``uploading`` says
+    a live process of this machine is still uploading: a large state's materialization
+    may take longer than that many short batches, and abandoning it would throw its
+    upload away and start another as long.
 
     Returns
     -------
@@ -162,7 +168,8 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
     try:
         published = read_manifest(store, ref.path(partition))
     except FileNotFoundError:
-        if checkpoint_id - ref.checkpoint_id > pending_limit(interval):
+        if checkpoint_id - ref.checkpoint_id > pending_limit(interval) and not (
+                uploading is not None and uploading(ref)):
             log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "
                         "published; abandoning it", partition, ref.checkpoint_id, ref.attempt)
             return lineage.without_pending(), "abandoned"

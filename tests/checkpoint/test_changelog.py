@@ -359,6 +359,27 @@ def test_crash_during_materialization_is_abandoned_then_retried(
     assert restore_durable(store, nxt, opts) == model
 
 
+def test_a_materialization_still_uploading_on_this_machine_is_never_abandoned(
+        tmp_path: Path, background: Background) -> None:
+    # A large state's materialization can take longer than pending_limit short batches.
+    # While a live process of this machine uploads it (its local copy marked in flight),
+    # checkpoints keep waiting for it instead of throwing the upload away.
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = options(materialize_interval=2)
+    model: Model = {}
+    ms = [_batch(store, tmp_path, opts, None, 1, model)]
+    ref = MaterializationRef(1, "a0")
+    assert ms[0].pending_materialization == ref and len(background.queue) == 1
+    for n in range(2, 4 + pending_limit(opts.materialize_interval)):
+        ms.append(_batch(store, tmp_path, opts, ms[-1], n, model))
+        assert ms[-1].pending_materialization == ref
+        assert ms[-1].metrics["changelog"]["adoption"] == "pending"
+    background.run_all()  # the upload ends, late
+    nxt = _batch(store, tmp_path, opts, ms[-1], ms[-1].checkpoint_id + 1, model)
+    assert nxt.materialization == ref and nxt.metrics["changelog"]["adoption"] == "adopted"
+    assert restore_durable(store, nxt, opts) == model
+
+
 def test_a_batch_that_writes_more_than_its_state_materializes_in_its_critical_path(
         tmp_path: Path, background: Background) -> None:
     # A load: the first batch's changelog would be as big as the state, and a background
