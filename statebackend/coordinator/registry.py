@@ -69,11 +69,19 @@ class Retention(enum.Enum):
 
 
 def referenced_paths(manifests: Iterable[PartitionManifest]) -> frozenset[str]:
-    """Every durable path a set of partition manifests needs: their files and themselves."""
+    """Every durable path a set of partition manifests needs: their files and themselves,
+    and in changelog mode the ``_MATERIALIZED.json`` of the materialization whose files
+    they list (kept as long as those files, for ``describe`` and ``verify``)."""
     out: set[str] = set()
     for m in manifests:
         out.add(m.path)
         out.update(f.path for f in m.files)
+        ref = m.materialization
+        if ref is not None:
+            own = ref.path(m.partition)
+            prefix = own.rsplit("/", 1)[0] + "/"
+            if any(f.path.startswith(prefix) for f in m.files):
+                out.add(own)
     return frozenset(out)
 
 

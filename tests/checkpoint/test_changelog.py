@@ -564,6 +564,9 @@ def test_coordinator_deletes_subsumed_changelogs_and_keeps_pending_files(
             background.run_all()
         for f in ms[-1].files:
             assert ostore.exists(f.path), f.path
+        # the manifest of the materialization in use stays as long as its files
+        if ms[-1].materialization is not None:
+            assert ostore.exists(ms[-1].materialization.path(0))
         assert restore_durable(store, ms[-1], opts) == model
     live = {f.path for f in ms[-1].files}
     # changelogs subsumed by materializations are gone
