@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, CorruptStateError, StorageError
 from ..options import StateBackendOptions
-from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery
+from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery, copy_in_flight
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
@@ -480,8 +480,7 @@ class PartitionCheckpointer:
     def _materialization_uploading(self, ref: MaterializationRef) -> bool:
         """Whether a live process of this machine still uploads materialization ``ref``
         of this partition (its local copy is marked in flight)."""
-        d = os.path.abspath(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
-        return d in self.local.inflight_copies()
+        return copy_in_flight(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
 
     def _upload_changelog(self, local_log: str, n: int, attempt: str, stats) -> FileEntry:
         """Upload batch ``n``'s changelog (critical path); its durable entry."""

@@ -148,16 +148,7 @@ class LocalRecovery:
 
     def inflight_copies(self) -> set[str]:
         """Copies a materialization is still uploading (marker names a live process)."""
-        out = set()
-        for _n, _a, d in self.list_copies():
-            try:
-                with open(d + INFLIGHT_SUFFIX) as fh:
-                    pid = int(fh.read().strip() or 0)
-            except (OSError, ValueError):
-                continue
-            if pid_alive(pid):
-                out.add(os.path.abspath(d))
-        return out
+        return {os.path.abspath(d) for _n, _a, d in self.list_copies() if copy_in_flight(d)}
 
     # --- changelogs (changelog mode) ----------------------------------------------------
 
@@ -323,6 +314,18 @@ class LocalRecovery:
         for name in names:
             if name.startswith((".work-", ".trash-")):
                 shutil.rmtree(os.path.join(self.partition_dir, name), ignore_errors=True)
+
+
+def copy_in_flight(directory: str) -> bool:
+    """Whether a live process still uploads the local copy ``directory`` (its in-flight
+    marker, written by :func:`statebackend.checkpoint.materialize.materialize_in_background`,
+    names that process)."""
+    try:
+        with open(directory + INFLIGHT_SUFFIX) as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return pid_alive(pid)
 
 
 def pid_alive(pid: int) -> bool:
