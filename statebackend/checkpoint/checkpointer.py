@@ -319,7 +319,8 @@ class PartitionCheckpointer:
         ``base_manifest`` defaults to the manifest this checkpointer restored from; passing
         another one than that is refused (invariant 4).
         """
-        manifest, _metrics = self._upload(snapshot, base_manifest, key_group_range, states)
+        with critical_path():
+            manifest, _metrics = self._upload(snapshot, base_manifest, key_group_range, states)
         return manifest
 
     def checkpoint(self, instance: RocksDBInstance, checkpoint_id: int, attempt: str,
@@ -355,12 +356,17 @@ class PartitionCheckpointer:
         StorageError, CheckpointError
             The durable copy failed; nothing was published.
         """
-        if self.options.checkpoint_mode == "changelog":
-            return self._changelog_checkpoint(instance, checkpoint_id, attempt, key_group_range,
-                                              states, base_manifest, extra_metrics)
-        self.stop_recording(instance)
-        snapshot = self.snapshot_sync(instance, checkpoint_id, attempt)
-        return self._upload(snapshot, base_manifest, key_group_range, states, extra_metrics)
+        # the whole checkpoint is on the batch's critical path: background
+        # materializations of this process start no upload meanwhile
+        with critical_path():
+            if self.options.checkpoint_mode == "changelog":
+                return self._changelog_checkpoint(instance, checkpoint_id, attempt,
+                                                  key_group_range, states, base_manifest,
+                                                  extra_metrics)
+            self.stop_recording(instance)
+            snapshot = self.snapshot_sync(instance, checkpoint_id, attempt)
+            return self._upload(snapshot, base_manifest, key_group_range, states,
+                                extra_metrics)
 
     # --- changelog mode ---------------------------------------------------------------
 
@@ -455,8 +461,7 @@ class PartitionCheckpointer:
                 extra["checkpoint_requests"] = (counts1 - counts0
                                                 + RequestCounts(put=1)).to_dict()
             manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
-            with critical_path():
-                publish_manifest(self.store, manifest)
+            publish_manifest(self.store, manifest)
         except BaseException:
             rec.abort()
             if snapshot is not None:
@@ -488,8 +493,7 @@ class PartitionCheckpointer:
         name = changelog_name(n)
         try:
             # no listing first: the upload refuses an existing name (a reused attempt)
-            with critical_path():
-                (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
+            (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
         except StorageError as exc:
             if isinstance(exc.__cause__, FileExistsError):
                 raise CommitFailedError(
@@ -508,11 +512,9 @@ class PartitionCheckpointer:
         """Upload the materialization ``snapshot`` in the critical path (see
         :func:`~.materialize.materialize_inline`) and adopt it at once: the checkpoint
         names it and no changelog (its files uploaded now are marked ``uploaded``)."""
-        with critical_path():
-            published = upload_materialization(
-                self.store, snapshot, lineage.db_files, key_group_range=kgr,
-                max_parallelism=self.options.max_parallelism, states=states,
-                background=False)
+        published = upload_materialization(
+            self.store, snapshot, lineage.db_files, key_group_range=kgr,
+            max_parallelism=self.options.max_parallelism, states=states, background=False)
         return Lineage(lineage.pending, published.files, ())
 
     def _keep_changelog_local(self, instance: RocksDBInstance, manifest: PartitionManifest,
@@ -545,11 +547,10 @@ class PartitionCheckpointer:
         base = self._check_base(base)
         kgr = key_group_range or (0, self.options.max_parallelism - 1)
         try:
-            with critical_path():
-                manifest, metrics = upload_snapshot(
-                    self.store, snapshot, base=base, key_group_range=kgr,
-                    max_parallelism=self.options.max_parallelism, states=states,
-                    incremental=self.options.incremental, extra_metrics=extra_metrics)
+            manifest, metrics = upload_snapshot(
+                self.store, snapshot, base=base, key_group_range=kgr,
+                max_parallelism=self.options.max_parallelism, states=states,
+                incremental=self.options.incremental, extra_metrics=extra_metrics)
         except BaseException:
             # The snapshot of an unpublished checkpoint is no secondary copy of anything.
             self.local.remove_copy(snapshot.directory)

@@ -95,3 +95,34 @@ def test_background_materialization_starts_no_file_during_a_checkpoint_upload(
         upload_materialization(store2, snap, (), key_group_range=(0, 127), max_parallelism=128,
                                background=False)
     assert store2.during == [1] * len(snap.files)
+
+
+def test_a_checkpoint_holds_the_critical_path_through_its_uploads(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from statebackend.checkpoint.materialize import wait_for_materializations
+    from statebackend.storage.fsspec_store import FsspecStore
+
+    during: list[tuple[bool, int]] = []  # (a background materialization's, blocks running)
+    put_file = FsspecStore.put_file
+
+    def recorded(self: Any, local_path: str, path: str) -> Any:
+        background = threading.current_thread().name.startswith("sb-materialize")
+        during.append((background, critical_uploads()))
+        return put_file(self, local_path, path)
+
+    monkeypatch.setattr(FsspecStore, "put_file", recorded)
+    for mode in ("incremental", "changelog"):
+        during.clear()
+        cp = PartitionCheckpointer(open_store(str(tmp_path / mode / "durable")), "op", 0,
+                                   StateBackendOptions(checkpoint_mode=mode),
+                                   str(tmp_path / mode / "local"))
+        inst, _ = cp.restore(None)
+        inst.write({"default": {b"k%d" % i: b"v" for i in range(100)}})
+        cp.checkpoint(inst, 1, "a0", (0, 127))
+        inst.close()
+        wait_for_materializations()
+        # the checkpoint's own uploads ran marked; the materialization it started (changelog
+        # mode's first batch) uploaded after it, unmarked
+        assert {c for bg, c in during if not bg} == {1}, mode
+        assert {c for bg, c in during if bg} == ({0} if mode == "changelog" else set())
+        assert critical_uploads() == 0
