@@ -411,7 +411,8 @@ def _latest(backend: Any) -> dict[str, int | None]:
         return {}
     out: dict[str, int | None] = {}
     try:
-        backend.complete()
+        # the failed micro-batch runs again on restart: never complete it here
+        backend.complete(committed_only=True)
         for op in backend.operator_ids():
             latest = backend.coordinator(op).latest()
             out[op] = None if latest is None else latest.checkpoint_id

@@ -152,7 +152,9 @@ class FakeBackend:
     def __init__(self) -> None:
         self.completed = 0
 
-    def complete(self):
+    def complete(self, committed_only=False):
+        # after a failure the failed micro-batch runs again: it must not be completed
+        assert committed_only
         self.completed += 1
         return []
 
