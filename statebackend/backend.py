@@ -277,20 +277,16 @@ class RocksDBStateBackend:
             if not was_pinned:
                 coord.unpin(checkpoint_id)
 
-    def complete(self, operator_id: str | None = None, *, up_to: int | None = None,
-                 committed_only: bool = False) -> list:
+    def complete(self, operator_id: str | None = None, *, up_to: int | None = None) -> list:
         """Complete every checkpoint whose partitions have all published (idempotent).
 
         Streaming queries do this automatically after every micro-batch; batch jobs call it
         after their action, or let the next run do it. ``up_to``: a micro-batch id Spark
         has finished; checkpoints before it with nothing published were micro-batches in
-        which the operator ran no task. ``committed_only``: complete a checkpoint only
-        when Spark is known to have committed its micro-batch (after a query failed or
-        its driver died; see :func:`complete_pending`)."""
+        which the operator ran no task (see :func:`complete_pending`)."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            done.extend(complete_pending(self.coordinator(op), up_to=up_to,
-                                         committed_only=committed_only))
+            done.extend(complete_pending(self.coordinator(op), up_to=up_to))
         return done
 
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
@@ -409,12 +405,11 @@ class RocksDBStateBackend:
                 # checkpoints the previous run published but did not complete have its layout
                 coord.parallelism = latest.parallelism
                 try:
-                    complete_pending(coord, committed_only=df.isStreaming)
+                    complete_pending(coord)
                 except IncompatibleStateError:
                     pass  # written by a run with the new layout: completed just below
         coord.parallelism = opts.parallelism
-        # a streaming query may run its last published micro-batch again: see complete_pending
-        complete_pending(coord, committed_only=df.isStreaming)
+        complete_pending(coord)
         epoch = None
         if not df.isStreaming:
             latest = coord.latest()
@@ -458,8 +453,7 @@ class RocksDBStateBackend:
         register_backend(spark, self)
 
 
-def complete_pending(coordinator, up_to: int | None = None,
-                     committed_only: bool = False) -> list:
+def complete_pending(coordinator, up_to: int | None = None) -> list:
     """Complete, in order, every checkpoint after the latest completed one that all
     partitions have published (a driver that crashed or missed events catches up here).
 
@@ -468,15 +462,6 @@ def complete_pending(coordinator, up_to: int | None = None,
     id has nothing published. Given ``up_to``, a batch id Spark has finished, such ids are
     passed over; a later checkpoint is still completed only once every partition published
     it, which proves Spark committed the batches before it.
-
-    Publication does not prove Spark committed the batch itself: a query that failed in
-    its sink, or whose driver died, after every task published, runs that micro-batch
-    again, from the state of the batch before. Completing it first would let retention
-    delete that state (with ``num_retained=1``). ``committed_only`` completes checkpoint
-    ``n`` only when Spark finished it (``n <= up_to``) or a task of batch ``n + 1`` wrote
-    something (Spark starts a batch only after committing the one before); the automatic
-    completions that run outside a progress event (planning a streaming query, its
-    termination, the supervisor after a failure) use it.
     """
     done = []
     latest = coordinator.latest()
@@ -485,9 +470,6 @@ def complete_pending(coordinator, up_to: int | None = None,
         if up_to is not None and n > up_to:
             # Spark has not finished that batch: trying it would cost a listing of its
             # directory (and reads of the manifests published so far) every micro-batch
-            break
-        if committed_only and (up_to is None or n > up_to) and \
-                not coordinator.anything_published(n + 1):
             break
         record = coordinator.try_complete(n)
         if record is None:

@@ -411,8 +411,7 @@ def _latest(backend: Any) -> dict[str, int | None]:
         return {}
     out: dict[str, int | None] = {}
     try:
-        # the failed micro-batch runs again on restart: never complete it here
-        backend.complete(committed_only=True)
+        backend.complete()
         for op in backend.operator_ids():
             latest = backend.coordinator(op).latest()
             out[op] = None if latest is None else latest.checkpoint_id

@@ -7,7 +7,7 @@ session stops. A Python listener still registered when the Python side goes away
 Spark's listener bus log an error with a Java stack for every event it can no longer
 deliver. Removing it loses nothing: a checkpoint left uncompleted is completed by the
 next run (or the next ``backend.complete()``), which completes every checkpoint whose
-partitions have all published and whose micro-batch Spark is known to have committed.
+partitions have all published.
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ class _SessionListener(StreamingQueryListener):
             self._running -= 1
             self._idle.notify_all()
 
-    def _complete_all(self, up_to: int | None = None, committed_only: bool = False) -> None:
+    def _complete_all(self, up_to: int | None = None) -> None:
         with self._lock:
             backends = list(self._backends.values())
         for backend in backends:
             try:
-                backend.complete(up_to=up_to, committed_only=committed_only)
+                backend.complete(up_to=up_to)
             except Exception:  # a listener must never kill the listener bus
                 log.exception("statebackend: completing checkpoints of %s failed (will retry "
                               "next batch)", backend.checkpoint_location)
@@ -127,8 +127,7 @@ class _SessionListener(StreamingQueryListener):
         if not self._enter():
             return
         try:
-            # a failed query may run its last published micro-batch again when restarted
-            self._complete_all(committed_only=True)
+            self._complete_all()
             with self._lock:
                 plans_at_start = self._active.pop(str(event.runId), None)
                 # The last query we saw start has ended and nothing was planned since it

@@ -136,32 +136,3 @@ def test_batches_that_ran_no_task_are_passed_over_and_a_reset_is_refused(memory_
     check_continuity([], 7)
     with pytest.raises(IncompatibleStateError, match="completed checkpoints 3..3"):
         check_continuity(completed, 7)
-
-
-def test_a_micro_batch_spark_runs_again_keeps_the_state_it_starts_from(tmp_path):
-    # num_retained=1: completing checkpoint 2 deletes checkpoint 1. Every task of batch 2
-    # published, then the query failed (or its driver died) before Spark committed the
-    # batch, so Spark runs batch 2 again, from checkpoint 1. The completions that run
-    # outside a progress event (planning, termination, the supervisor) must not complete
-    # checkpoint 2 on publication alone.
-    from statebackend.backend import complete_pending
-    from statebackend.coordinator import CheckpointCoordinator
-    from statebackend.storage import open_store
-
-    root = str(tmp_path)
-    coord = CheckpointCoordinator(open_store(f"{root}/durable"), "frames", 1, 128,
-                                  num_retained=1)
-    for b in (0, 1):
-        run_task(root, b, f"t{b}", frames(["a", "b"]))
-        assert [r.checkpoint_id for r in complete_pending(coord, up_to=b)] == [b]
-    run_task(root, 2, "t2-first", frames(["a"]))  # published; Spark never committed it
-    assert complete_pending(coord, committed_only=True) == []
-    assert coord.latest().checkpoint_id == 1
-    out, _source = run_task(root, 2, "t2-again", frames(["a"]))  # Spark runs it again
-    assert out.groupby("k")["v"].max().to_dict() == {"a": 3}
-    # a task of batch 3 proves Spark committed batch 2
-    out3, _source = run_task(root, 3, "t3", frames(["a", "b"]))
-    assert out3.groupby("k")["v"].max().to_dict() == {"a": 4, "b": 3}
-    assert [r.checkpoint_id for r in complete_pending(coord, committed_only=True)] == [2]
-    # the progress event of batch 3 completes it
-    assert [r.checkpoint_id for r in complete_pending(coord, up_to=3)] == [3]
