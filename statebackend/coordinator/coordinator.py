@@ -223,7 +223,8 @@ class GcReport:
 
 
 class _RecordVanished(Exception):
-    """A retained checkpoint's record was deleted while the registry was being rebuilt."""
+    """Retention moved while the registry was being rebuilt: a checkpoint listed as
+    retained lost its manifest because another coordinator completed a newer one."""
 
 
 class CheckpointCoordinator:
@@ -778,7 +779,8 @@ class CheckpointCoordinator:
         """
         with self._lock:
             records = {}
-            for n, rel in _records_in(self._list(CHECKPOINTS_DIR)).items():
+            listed = _records_in(self._list(CHECKPOINTS_DIR))
+            for n, rel in listed.items():
                 records[n] = CompletedCheckpoint.from_json(self.store.get_bytes(self._abs(rel)),
                                                            where=rel)
             pins = set()
@@ -795,7 +797,7 @@ class CheckpointCoordinator:
                 [RegisteredCheckpoint(r, frozenset()) for r in records.values()], pins)
             retained = set(probe.retained_ids())
             try:
-                cps = [self._load(r, must_exist=r.checkpoint_id in retained)
+                cps = [self._load(r, must_exist=r.checkpoint_id in retained, listed=listed)
                        for r in records.values()]
             except _RecordVanished:
                 # another coordinator of this operator (an earlier backend object of this
@@ -819,7 +821,8 @@ class CheckpointCoordinator:
             self._after_change()
         return reg
 
-    def _load(self, record: CompletedCheckpoint, *, must_exist: bool) -> RegisteredCheckpoint:
+    def _load(self, record: CompletedCheckpoint, *, must_exist: bool,
+              listed: dict[int, str]) -> RegisteredCheckpoint:
         manifests = []
         items = sorted(record.manifests.items())
         raws = self.store.get_bytes_many([self._abs(rel) for _p, rel in items])
@@ -827,7 +830,12 @@ class CheckpointCoordinator:
             if raw is not None:
                 manifests.append(PartitionManifest.from_json(raw, where=rel))
             elif must_exist:
-                if not self.store.exists(self._abs(record.path)):
+                # Another coordinator of this operator (an earlier backend object of this
+                # driver finishing its last completion) deletes a subsumed checkpoint's
+                # manifests, then its record: if the records changed since they were
+                # listed, the manifest went to retention, not to corruption.
+                if (not self.store.exists(self._abs(record.path))
+                        or _records_in(self._list(CHECKPOINTS_DIR)) != listed):
                     raise _RecordVanished(record.checkpoint_id)
                 raise CorruptStateError(
                     f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "

@@ -326,12 +326,14 @@ def test_retained_manifest_missing_at_rebuild_is_reported(store: DurableStore) -
         q.open()
 
 
+@pytest.mark.parametrize("record_left", [False, True])
 def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
-        store: DurableStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: DurableStore, monkeypatch: pytest.MonkeyPatch, record_left: bool) -> None:
     # A driver that restarts a query with a new backend object rebuilds the registry while
     # the earlier object's coordinator still completes and collects: a record listed as
     # retained may lose its manifest and record before it is read. That is retention, not
-    # corruption: the rebuild reads the records again.
+    # corruption: the rebuild reads the records again. It deletes the manifests first, the
+    # record last (record_left: the rebuild reads in between).
     q = Query(store, num_retained=2)
     m0 = q.attempt(0, "a", ssts("1"), None)
     q.coord.try_complete(0)
@@ -341,18 +343,25 @@ def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
     load = CheckpointCoordinator._load
     raced = []
 
-    def racing_load(self, record, *, must_exist):
+    record0 = store.get_bytes(f"{OP}/{completed_record_path(0)}")
+
+    def racing_load(self, record, **kw):
         if not raced:
             raced.append(record.checkpoint_id)
             q.coord.try_complete(2)  # drops checkpoint 0: its manifest and record go
             q.coord.wait_for_gc()
-        return load(self, record, must_exist=must_exist)
+            if record_left:  # the other coordinator is between the two deletions
+                store.put_bytes_atomic(f"{OP}/{completed_record_path(0)}", record0)
+        return load(self, record, **kw)
 
     monkeypatch.setattr(CheckpointCoordinator, "_load", racing_load)
     fresh = q.open()
     assert raced == [0]
-    assert [i.checkpoint_id for i in fresh.list_completed()] == [1, 2]
+    completed = [i.checkpoint_id for i in fresh.list_completed()]
+    # a record left behind is a subsumed checkpoint to the fresh coordinator: it forgets it
+    assert completed == [1, 2]
     assert fresh.restore().manifests == {0: m2}
+    assert completed_record_path(0) not in all_files(store)
 
 
 def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> None:
