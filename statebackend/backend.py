@@ -283,7 +283,10 @@ class RocksDBStateBackend:
         Streaming queries do this automatically after every micro-batch; batch jobs call it
         after their action, or let the next run do it. ``up_to``: a micro-batch id Spark
         has finished; checkpoints before it with nothing published were micro-batches in
-        which the operator ran no task (see :func:`complete_pending`)."""
+        which the operator ran no task (see :func:`complete_pending`). Without it, Spark
+        may still run the latest completed micro-batch again (its query failed before
+        committing it, say), so the checkpoint before it stays retained until a newer one
+        completes or a later call names that micro-batch in ``up_to``."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
             done.extend(complete_pending(self.coordinator(op), up_to=up_to))
@@ -462,16 +465,24 @@ def complete_pending(coordinator, up_to: int | None = None) -> list:
     id has nothing published. Given ``up_to``, a batch id Spark has finished, such ids are
     passed over; a later checkpoint is still completed only once every partition published
     it, which proves Spark committed the batches before it.
+
+    Checkpoints up to ``up_to`` are recorded as committed by Spark; without it (planning a
+    restart, a query's end, a call by hand) Spark may still run the latest micro-batch
+    again, so retention keeps the checkpoint before it too (see
+    :meth:`~statebackend.coordinator.CheckpointCoordinator.try_complete`).
     """
     done = []
     latest = coordinator.latest()
+    if (latest is not None and up_to is not None and not latest.committed
+            and latest.checkpoint_id <= up_to):
+        coordinator.try_complete(latest.checkpoint_id, committed=True)
     n = 0 if latest is None else latest.checkpoint_id + 1
     while True:
         if up_to is not None and n > up_to:
             # Spark has not finished that batch: trying it would cost a listing of its
             # directory (and reads of the manifests published so far) every micro-batch
             break
-        record = coordinator.try_complete(n)
+        record = coordinator.try_complete(n, committed=up_to is not None)
         if record is None:
             if up_to is not None and n < up_to and not coordinator.anything_published(n):
                 n += 1

@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in sorted(query.recentProgress, key=lambda p: p.batchId):
             if p.batchId not in printed and p.numInputRows > 0:
                 printed.add(p.batchId)
-                backend.complete("running-totals")  # the listener may not have run yet
+                # the listener may not have run yet; a progress event means Spark
+                # committed the micro-batch
+                backend.complete("running-totals", up_to=p.batchId)
                 print(progress_line(backend, p.batchId, p.sink.numOutputRows, started),
                       flush=True)
 

@@ -292,7 +292,8 @@ class CompletedCheckpoint:
     """The coordinator's record that checkpoint ``checkpoint_id`` of an operator is complete.
 
     ``manifests`` maps each partition to the durable path (relative to the operator root)
-    of the manifest chosen for it.
+    of the manifest chosen for it. ``committed`` says whether Spark was known to have
+    committed the micro-batch when the record was written.
     """
 
     operator_id: str
@@ -304,6 +305,11 @@ class CompletedCheckpoint:
     incremental_size: int = 0
     created_at_ms: int = 0
     format_version: int = FORMAT_VERSION
+    # False: completed from the published attempts alone (planning a restart, a query's
+    # termination, the supervisor) without knowing that Spark committed the micro-batch.
+    # Spark may run it again from the state before it, so retention keeps that state too
+    # until a newer checkpoint completes (see registry.SharedStateRegistry.retained_ids).
+    committed: bool = True
 
     @property
     def path(self) -> str:

@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import keygroups
 from ..checkpoint.manifest import (
@@ -319,7 +319,8 @@ class CheckpointCoordinator:
 
     # --- completion ---------------------------------------------------------------------
 
-    def try_complete(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+    def try_complete(self, checkpoint_id: int, *,
+                     committed: bool = True) -> CompletedCheckpoint | None:
         """Complete checkpoint ``checkpoint_id`` if every partition has published it.
 
         Lists only the partition directories ``chk-<n>/p<p>/``, chooses one valid
@@ -332,6 +333,12 @@ class CheckpointCoordinator:
         ----------
         checkpoint_id : int
             The checkpoint (micro-batch) id.
+        committed : bool
+            Whether Spark is known to have committed the micro-batch. False (completing
+            from the published attempts alone, as a restart's planning does) keeps the
+            checkpoint before it retained until a newer one completes: Spark runs a
+            micro-batch it did not commit again, from the state before it. True for a
+            checkpoint completed earlier without it rewrites its record as committed.
 
         Returns
         -------
@@ -348,46 +355,79 @@ class CheckpointCoordinator:
         """
         with self._lock:
             self.last_completion_requests = None
-            reg = self._registry
-            if checkpoint_id in reg.checkpoints:
-                return reg.checkpoints[checkpoint_id].record
-            latest = reg.latest_id
-            if latest is not None and checkpoint_id < latest:
-                log.info("checkpoint %d of %s is older than the latest completed %d; its "
-                         "files will be swept", checkpoint_id, self.operator_id, latest)
-                return None
-            counts0 = self.store.request_counts()
-            # One listing of the checkpoint's directory (paged: ~1,000 files per request),
-            # not one per partition; then the new manifests read in parallel.
-            listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
-            by_partition = _manifests_by_partition(listing)
-            self._read_published_many(checkpoint_id, sorted(
-                rel for rels in by_partition.values() for rel in rels))
-            chosen: dict[int, PartitionManifest] = {}
-            for p in range(self.parallelism):
-                m = self._choose(checkpoint_id, p, by_partition.get(p, []), listing)
-                if m is None:
+            known = self._registry.checkpoints.get(checkpoint_id)
+            if known is None:
+                record = self._complete_locked(checkpoint_id, committed)
+                if record is None:
                     return None
-                chosen[p] = m
-            ms = list(chosen.values())
-            record = CompletedCheckpoint(
-                operator_id=self.operator_id, checkpoint_id=checkpoint_id,
-                parallelism=self.parallelism, max_parallelism=self.max_parallelism,
-                manifests={p: m.path for p, m in chosen.items()},
-                full_size=sum(m.full_size for m in ms),
-                incremental_size=sum(m.incremental_size for m in ms),
-                created_at_ms=int(self._clock() * 1000))
-            # The commit point: once the record is durable the checkpoint is complete, and
-            # a crash from here on is finished by rebuild() from this record.
-            self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
-            self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
-            for n in [n for n in self._published if n < checkpoint_id]:
-                del self._published[n]
-            self._listings = {checkpoint_id: listing}
-            counts1 = self.store.request_counts()
-            if counts0 is not None and counts1 is not None:
-                self.last_completion_requests = counts1 - counts0
+            elif committed and not known.record.committed:
+                record = self._mark_committed(known.record)
+            else:
+                return known.record
         self._after_change()
+        return record
+
+    def _complete_locked(self, checkpoint_id: int,
+                         committed: bool) -> CompletedCheckpoint | None:
+        """try_complete of a checkpoint not known yet (under the lock)."""
+        reg = self._registry
+        latest = reg.latest_id
+        if latest is not None and checkpoint_id < latest:
+            log.info("checkpoint %d of %s is older than the latest completed %d; its "
+                     "files will be swept", checkpoint_id, self.operator_id, latest)
+            return None
+        counts0 = self.store.request_counts()
+        # One listing of the checkpoint's directory (paged: ~1,000 files per request),
+        # not one per partition; then the new manifests read in parallel.
+        listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
+        by_partition = _manifests_by_partition(listing)
+        self._read_published_many(checkpoint_id, sorted(
+            rel for rels in by_partition.values() for rel in rels))
+        chosen: dict[int, PartitionManifest] = {}
+        for p in range(self.parallelism):
+            m = self._choose(checkpoint_id, p, by_partition.get(p, []), listing)
+            if m is None:
+                return None
+            chosen[p] = m
+        ms = list(chosen.values())
+        if not committed:
+            # Another coordinator of this operator (the backend object of a query that just
+            # ended) may have recorded it as committed: never take that back, or retention
+            # here would count on a predecessor that one may be deleting.
+            committed = self._recorded_committed(checkpoint_id)
+        record = CompletedCheckpoint(
+            operator_id=self.operator_id, checkpoint_id=checkpoint_id,
+            parallelism=self.parallelism, max_parallelism=self.max_parallelism,
+            manifests={p: m.path for p, m in chosen.items()},
+            full_size=sum(m.full_size for m in ms),
+            incremental_size=sum(m.incremental_size for m in ms),
+            created_at_ms=int(self._clock() * 1000), committed=committed)
+        # The commit point: once the record is durable the checkpoint is complete, and
+        # a crash from here on is finished by rebuild() from this record.
+        self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
+        self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
+        for n in [n for n in self._published if n < checkpoint_id]:
+            del self._published[n]
+        self._listings = {checkpoint_id: listing}
+        counts1 = self.store.request_counts()
+        if counts0 is not None and counts1 is not None:
+            self.last_completion_requests = counts1 - counts0
+        return record
+
+    def _recorded_committed(self, checkpoint_id: int) -> bool:
+        try:
+            raw = self.store.get_bytes(self._abs(completed_record_path(checkpoint_id)))
+        except FileNotFoundError:
+            return False
+        rel = completed_record_path(checkpoint_id)
+        return CompletedCheckpoint.from_json(raw, where=rel).committed
+
+    def _mark_committed(self, record: CompletedCheckpoint) -> CompletedCheckpoint:
+        """Rewrite a record completed before Spark's commit was known as committed (under
+        the lock; the checkpoint before it may be subsumed now: collect afterwards)."""
+        record = replace(record, committed=True)
+        self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
+        self._registry = self._registry.mark_committed(record.checkpoint_id)
         return record
 
     def anything_published(self, checkpoint_id: int) -> bool:
@@ -796,6 +836,10 @@ class CheckpointCoordinator:
                 self.num_retained,
                 [RegisteredCheckpoint(r, frozenset()) for r in records.values()], pins)
             retained = set(probe.retained_ids())
+            # The checkpoint an uncommitted latest keeps is a best effort for a rerun of
+            # its micro-batch (a coordinator that knew the commit may be deleting it):
+            # without its manifests it is subsumed, not corrupt.
+            retained &= set(sorted(records)[-self.num_retained:]) | pins
             try:
                 cps = [self._load(r, must_exist=r.checkpoint_id in retained, listed=listed)
                        for r in records.values()]
@@ -843,7 +887,7 @@ class CheckpointCoordinator:
                     checkpoint_id=record.checkpoint_id, partition=p, path=rel)
             # else: a subsumed checkpoint loses its manifests only after all its other
             # unreferenced files are deleted, so nothing is lost by not reading them.
-        if must_exist:
+        if len(manifests) == len(items):
             return RegisteredCheckpoint.of(record, manifests)
         return RegisteredCheckpoint(
             record, referenced_paths(manifests) | frozenset(record.manifests.values()))

@@ -30,8 +30,10 @@ swept.
 Retention
 ---------
 Every completed checkpoint whose record is still in durable storage is *known*. It is
-*retained* when it is among the ``num_retained`` newest known checkpoints or pinned;
-otherwise it is *subsumed*: its references no longer count, and it stays known only until
+*retained* when it is among the ``num_retained`` newest known checkpoints, pinned, or the
+one before the latest while the latest's record is not ``committed`` (completed before
+Spark's commit of its micro-batch was known: Spark may run that micro-batch again, from
+the state before it); otherwise it is *subsumed*: its references no longer count, and it stays known only until
 its unreferenced files are deleted (then the coordinator deletes its record and calls
 :meth:`SharedStateRegistry.forget`). Retention is derived, never stored, so a rebuild gets
 the same answer. A subsumed checkpoint never comes back: :meth:`SharedStateRegistry.pin`
@@ -164,8 +166,11 @@ class SharedStateRegistry:
 
     def retained_ids(self) -> list[int]:
         """Ids of the retained checkpoints, oldest first."""
-        newest = sorted(self.checkpoints)[-self.num_retained:]
-        return sorted(set(newest) | (self.pins & self.checkpoints.keys()))
+        ids = sorted(self.checkpoints)
+        keep = self.num_retained
+        if ids and not self.checkpoints[ids[-1]].record.committed:
+            keep = max(keep, 2)  # Spark may run the latest's micro-batch again from its base
+        return sorted(set(ids[-keep:]) | (self.pins & self.checkpoints.keys()))
 
     def subsumed_ids(self) -> list[int]:
         """Ids of known checkpoints that are no longer retained, oldest first."""
@@ -212,6 +217,16 @@ class SharedStateRegistry:
             return self
         cps = dict(self.checkpoints)
         cps[n] = checkpoint
+        return self._with(cps, self.pins)
+
+    def mark_committed(self, checkpoint_id: int) -> SharedStateRegistry:
+        """The checkpoint's record, rewritten as ``committed`` (Spark committed its
+        micro-batch since it completed): the checkpoint before it may now be subsumed."""
+        cp = self.checkpoints[checkpoint_id]
+        if cp.record.committed:
+            return self
+        cps = dict(self.checkpoints)
+        cps[checkpoint_id] = replace(cp, record=replace(cp.record, committed=True))
         return self._with(cps, self.pins)
 
     def pin(self, checkpoint_id: int) -> SharedStateRegistry:

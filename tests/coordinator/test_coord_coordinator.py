@@ -364,6 +364,70 @@ def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
     assert completed_record_path(0) not in all_files(store)
 
 
+def test_uncommitted_completion_keeps_its_predecessor_until_spark_commits(
+        store: DurableStore) -> None:
+    # A checkpoint completed without knowing that Spark committed its micro-batch (a
+    # restart's planning) may be run again by Spark from the checkpoint before it.
+    q = Query(store)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    m1 = q.attempt(1, "a", ssts("2"), m0)  # compacted: shares nothing with m0
+    rec = q.coord.try_complete(1, committed=False)
+    assert rec is not None and not rec.committed
+    assert [i.checkpoint_id for i in q.coord.list_completed()] == [0, 1]
+    assert {m0.path, m1.path} <= q.files()
+    q.coord = q.open()  # derived from the records: a restarted driver keeps it too
+    assert [i.checkpoint_id for i in q.coord.list_completed()] == [0, 1]
+    assert q.coord.restore(0).manifests == {0: m0}
+    # completing it again without the commit changes nothing; with it, the record is
+    # rewritten and retention is back to num_retained
+    assert q.coord.try_complete(1, committed=False) == rec
+    assert q.coord.try_complete(1).committed
+    assert read_latest_record(store, OP).committed  # type: ignore[union-attr]
+    assert [i.checkpoint_id for i in q.coord.list_completed()] == [1]
+    assert m0.path not in q.files()
+    q.assert_clean()
+    # a newer checkpoint subsumes an uncommitted predecessor like any other
+    m2 = q.attempt(2, "a", ssts("3"), m1)
+    q.coord.try_complete(2, committed=False)
+    q.attempt(3, "a", ssts("4"), m2)
+    q.coord.try_complete(3)
+    assert [i.checkpoint_id for i in q.coord.list_completed()] == [3]
+    q.assert_clean()
+
+
+def test_another_coordinators_commit_is_never_taken_back(store: DurableStore) -> None:
+    # The backend object of a query that just ended records checkpoint 1 as committed
+    # (its progress event) and deletes checkpoint 0; the restarted query's coordinator,
+    # opened before, completes 1 on publication alone: the record stays committed.
+    q = Query(store)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    q.attempt(1, "a", ssts("2"), m0)
+    late = q.open()
+    assert q.coord.try_complete(1).committed  # type: ignore[union-attr]
+    assert late.try_complete(1, committed=False).committed  # type: ignore[union-attr]
+    assert read_latest_record(store, OP).committed  # type: ignore[union-attr]
+    assert [i.checkpoint_id for i in q.open().list_completed()] == [1]
+
+
+def test_rebuild_passes_over_a_kept_predecessor_that_lost_its_manifest(
+        store: DurableStore) -> None:
+    # If the checkpoint an uncommitted latest keeps lost its manifest anyway (another
+    # coordinator knew the commit and deleted it), a restarted driver must still start.
+    q = Query(store)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    m1 = q.attempt(1, "a", ssts("2"), m0)
+    q.coord.try_complete(1, committed=False)
+    store.delete([f"{OP}/{m0.path}"])
+    fresh = q.open()
+    assert fresh.restore().manifests == {0: m1}
+    with pytest.raises(CorruptStateError, match="restore from another"):
+        store.delete([f"{OP}/{m1.path}"])
+        q.open()  # the latest itself missing is corruption, as before
+
+
 def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> None:
     counting = CountingStore(store)
     q = Query(store, num_retained=2, parallelism=2)

@@ -66,6 +66,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.published: dict[tuple[int, int], list[PartitionManifest]] = {}
         self.completed: dict[int, dict[int, PartitionManifest]] = {}
         self.pins: set[int] = set()
+        self.uncommitted: set[int] = set()  # completed before Spark's commit was known
         self.used_attempts: set[tuple[int, int, str]] = set()
         self.next_id = 0
         self.counter = 0
@@ -93,7 +94,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     def model_retained(self) -> list[int]:
         done = sorted(self.completed)
-        return sorted(set(done[-self.num_retained:]) | (self.pins & set(done)))
+        keep = self.num_retained
+        if done and done[-1] in self.uncommitted:  # Spark may run it again from its base
+            keep = max(keep, 2)
+        return sorted(set(done[-keep:]) | (self.pins & set(done)))
 
     def base_for(self, n: int, p: int, data: st.DataObject) -> tuple[bool, PartitionManifest | None]:
         """The manifest a task of checkpoint ``n`` restores from: (possible, base)."""
@@ -198,18 +202,29 @@ class CoordinatorMachine(RuleBasedStateMachine):
                     max_parallelism=MAXP)
 
     @precondition(lambda self: bool(self.in_flight))
-    @rule()
-    def complete(self) -> None:
+    @rule(committed=st.booleans())
+    def complete(self, committed: bool) -> None:
         assert self.coord is not None
         n = self.in_flight[0]
         chosen = self.expect_complete(n)
-        rec = self.coord.try_complete(n)
+        rec = self.coord.try_complete(n, committed=committed)
         if chosen is None:
             assert rec is None
             return
-        assert rec is not None
+        assert rec is not None and rec.committed == committed
         assert dict(rec.manifests) == {p: m.path for p, m in chosen.items()}
         self.apply_completion(n, chosen)
+        if not committed:
+            self.uncommitted.add(n)
+
+    @precondition(lambda self: bool(self.uncommitted))
+    @rule()
+    def spark_commits(self) -> None:
+        """The progress event of the latest uncommitted checkpoint's micro-batch."""
+        assert self.coord is not None
+        n = max(self.completed)
+        assert self.coord.try_complete(n).committed  # type: ignore[union-attr]
+        self.uncommitted.discard(n)
 
     @precondition(lambda self: bool(self.in_flight))
     @rule(k=st.integers(0, 12))

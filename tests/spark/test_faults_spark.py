@@ -66,6 +66,13 @@ def run(spark, in_dir, build, ck, out) -> None:
     start(spark, in_dir, build, ck, out).awaitTermination()
 
 
+def spark_committed(ck: str) -> int | None:
+    """The newest micro-batch in the commit log of Spark's checkpoint ``ck``."""
+    d = os.path.join(ck, "commits")
+    ids = [int(f) for f in os.listdir(d) if f.isdigit()] if os.path.isdir(d) else []
+    return max(ids, default=None)
+
+
 class Env:
     """One query's directories and backend."""
 
@@ -86,8 +93,9 @@ class Env:
                                                             operator_id=OP)
 
     def completed(self) -> list[int]:
-        # the listener completes checkpoints asynchronously; completion is idempotent
-        self.backend.complete(OP)
+        # The listener completes checkpoints asynchronously (completion is idempotent);
+        # Spark's commit log says which micro-batches it committed.
+        self.backend.complete(OP, up_to=spark_committed(self.ck))
         return [c.checkpoint_id for c in self.backend.coordinator(OP).list_completed()]
 
     def durable_digest(self) -> dict[str, str]:
@@ -158,6 +166,47 @@ def test_local_disk_full_while_keeping_the_local_copy(spark, tmp_path):
     rep = restore_report(env.backend, OP, 2)
     assert rep[0].source in ("local_copy", "resident") and rep[0].bytes_downloaded == 0
     assert rep[1].source in KEPT
+
+
+@pytest.mark.parametrize("num_retained", [1, 2])
+def test_sink_fails_after_every_partition_published(spark, tmp_path, num_retained):
+    # The sink of micro-batch 1 fails once its tasks have all published: Spark did not
+    # commit the batch and runs it again after the restart, from the state of batch 0. The
+    # query's end (and the restart's planning) completes checkpoint 1 from what was
+    # published, without knowing that; with num_retained=1 that completion must not let
+    # retention delete checkpoint 0.
+    data = batches(3, seed=29)
+    env = Env(tmp_path)
+    env.backend = RocksDBStateBackend(env.state, StateBackendOptions(
+        parallelism=2, num_retained=num_retained, local_dir=env.local))
+    write_batches(env.in_dir, data)
+    out: dict[int, pd.DataFrame] = {}
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(env.in_dir)
+
+    def failing_sink(batch_df, batch_id):
+        pdf = batch_df.toPandas()  # runs the operator: every partition publishes
+        if batch_id == 1 and not os.path.exists(tmp_path / "sink-failed"):
+            open(tmp_path / "sink-failed", "w").close()
+            raise RuntimeError("injected sink failure")
+        out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
+
+    q = (env.build(F.RunningCount())(df).writeStream.foreachBatch(failing_sink)
+         .outputMode("update").option("checkpointLocation", env.ck)
+         .trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="injected sink failure"):
+        q.awaitTermination()
+    assert sorted(out) == [0] and spark_committed(env.ck) == 0
+    coord = env.backend.coordinator(OP)
+    env.backend.complete(OP)  # what the query's end and the restart's planning do
+    assert env.completed() == [0, 1]  # 0 is kept: Spark may run micro-batch 1 again
+    assert not coord.get(1).committed and coord.get(0).committed
+
+    run(spark, env.in_dir, env.build(F.RunningCount()), env.ck, out)
+    check(out, reference(data))
+    # Spark committed every micro-batch now: once told so, retention is num_retained again
+    assert spark_committed(env.ck) == 2
+    assert env.completed() == ([2] if num_retained == 1 else [1, 2])
+    assert coord.get(2).committed
 
 
 # --- durable-storage faults: a typed error, committed state intact, then recovery --------
