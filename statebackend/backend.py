@@ -448,7 +448,15 @@ class RocksDBStateBackend:
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
         # logged by Spark, so retries see the same processing time)
         placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
-        return placed.mapInPandas(make_task(config, process), schema)
+        out = placed.mapInPandas(make_task(config, process), schema)
+        if df.isStreaming:
+            from .spark.listener import observation_name
+
+            # progress events carry it: the listener knows which query committed which
+            # micro-batch of this operator
+            out = out.observe(observation_name(self.checkpoint_location, config.operator_id),
+                              F.count(F.lit(1)).alias("rows"))
+        return out
 
     def _ensure_listener(self, spark: SparkSession) -> None:
         from .spark.listener import register_backend

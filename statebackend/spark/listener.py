@@ -13,6 +13,7 @@ partitions have all published.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import threading
 from typing import Any
@@ -24,6 +25,14 @@ log = logging.getLogger("statebackend.listener")
 # How long removal waits for a callback that is already running (completing a checkpoint
 # reads and writes a few small files).
 _DRAIN_TIMEOUT_S = 30.0
+
+
+def observation_name(checkpoint_location: str, operator_id: str) -> str:
+    """The name of the observed metric (rows the operator output per micro-batch) that a
+    streaming operator's plan carries: a progress event holding it comes from a query that
+    runs that operator, so the micro-batch it reports is one Spark committed for it."""
+    digest = hashlib.sha1(f"{checkpoint_location}\0{operator_id}".encode()).hexdigest()[:10]
+    return f"statebackend:{operator_id}@{digest}"
 
 
 class _SessionListener(StreamingQueryListener):
@@ -91,12 +100,21 @@ class _SessionListener(StreamingQueryListener):
             self._running -= 1
             self._idle.notify_all()
 
-    def _complete_all(self, up_to: int | None = None) -> None:
+    def _complete_all(self, up_to: int | None = None,
+                      observed: frozenset[str] | None = None) -> None:
+        """Complete every backend's checkpoints; given ``observed`` (the observed-metric
+        names of a progress event), only those of the operators the event's query runs,
+        as committed up to ``up_to``: another query's progress says nothing of them."""
         with self._lock:
             backends = list(self._backends.values())
         for backend in backends:
             try:
-                backend.complete(up_to=up_to)
+                if observed is None:
+                    backend.complete()
+                    continue
+                for op in backend.operator_ids():
+                    if observation_name(backend.checkpoint_location, op) in observed:
+                        backend.complete(op, up_to=up_to)
             except Exception:  # a listener must never kill the listener bus
                 log.exception("statebackend: completing checkpoints of %s failed (will retry "
                               "next batch)", backend.checkpoint_location)
@@ -114,9 +132,13 @@ class _SessionListener(StreamingQueryListener):
         if not self._enter():
             return
         try:
-            # the batch just finished: ids before it with nothing published ran no task of ours
-            batch = getattr(getattr(event, "progress", None), "batchId", None)
-            self._complete_all(int(batch) if batch is not None else None)
+            # Spark committed the batch just finished: ids before it with nothing published
+            # ran no task of ours
+            progress = getattr(event, "progress", None)
+            batch = getattr(progress, "batchId", None)
+            observed = frozenset(getattr(progress, "observedMetrics", None) or ())
+            if batch is not None:
+                self._complete_all(int(batch), observed)
         finally:
             self._exit()
 

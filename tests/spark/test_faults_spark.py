@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import shutil
+import time
 
 import fault_procs as F
 import pandas as pd
@@ -207,6 +208,54 @@ def test_sink_fails_after_every_partition_published(spark, tmp_path, num_retaine
     assert spark_committed(env.ck) == 2
     assert env.completed() == ([2] if num_retained == 1 else [1, 2])
     assert coord.get(2).committed
+
+
+def test_another_querys_progress_does_not_commit_a_failed_micro_batch(spark, tmp_path):
+    # Query B's sink fails in micro-batch 1 after every partition published (checkpoint 1
+    # is completed without Spark's commit); query A, on another backend in the same
+    # session, then runs micro-batches 0..2. A's progress events must not tell B's backend
+    # that Spark committed its micro-batch 1 (num_retained=1 would then delete checkpoint
+    # 0, which B's rerun of micro-batch 1 starts from).
+    data = batches(3, seed=37)
+    envs = {name: Env(tmp_path / name) for name in ("a", "b")}
+    for env in envs.values():
+        env.backend = RocksDBStateBackend(env.state, StateBackendOptions(
+            parallelism=2, num_retained=1, local_dir=env.local))
+        write_batches(env.in_dir, data)
+    b = envs["b"]
+    out_b: dict[int, pd.DataFrame] = {}
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(b.in_dir)
+
+    def failing_sink(batch_df, batch_id):
+        pdf = batch_df.toPandas()
+        if batch_id == 1 and not os.path.exists(tmp_path / "sink-failed"):
+            open(tmp_path / "sink-failed", "w").close()
+            raise RuntimeError("injected sink failure")
+        out_b[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
+
+    q = (b.build(F.RunningCount())(df).writeStream.foreachBatch(failing_sink)
+         .outputMode("update").option("checkpointLocation", b.ck)
+         .trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="injected sink failure"):
+        q.awaitTermination()
+    b.backend.complete(OP)
+    assert not b.backend.coordinator(OP).get(1).committed
+
+    out_a: dict[int, pd.DataFrame] = {}
+    run(spark, envs["a"].in_dir, envs["a"].build(F.RunningCount()), envs["a"].ck, out_a)
+    check(out_a, reference(data))
+    a_coord = envs["a"].backend.coordinator(OP)
+    deadline = time.monotonic() + 60  # A's listener events are asynchronous
+    while not (a_coord.latest() and a_coord.latest().checkpoint_id == 2
+               and a_coord.latest().committed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert a_coord.latest().committed  # A's own progress marked A's checkpoints
+    coord = b.backend.coordinator(OP)
+    assert [c.checkpoint_id for c in coord.list_completed()] == [0, 1]
+    assert not coord.get(1).committed
+
+    run(spark, b.in_dir, b.build(F.RunningCount()), b.ck, out_b)
+    check(out_b, reference(data))
 
 
 # --- durable-storage faults: a typed error, committed state intact, then recovery --------
