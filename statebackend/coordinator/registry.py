@@ -33,9 +33,9 @@ Every completed checkpoint whose record is still in durable storage is *known*. 
 *retained* when it is among the ``num_retained`` newest known checkpoints, pinned, or the
 one before the latest while the latest's record is not ``committed`` (completed before
 Spark's commit of its micro-batch was known: Spark may run that micro-batch again, from
-the state before it); otherwise it is *subsumed*: its references no longer count, and it stays known only until
-its unreferenced files are deleted (then the coordinator deletes its record and calls
-:meth:`SharedStateRegistry.forget`). Retention is derived, never stored, so a rebuild gets
+the state before it); otherwise it is *subsumed*: its references no longer count, and it
+stays known only until its unreferenced files are deleted (then the coordinator deletes
+its record and calls :meth:`SharedStateRegistry.forget`). Retention is derived, never stored, so a rebuild gets
 the same answer. A subsumed checkpoint never comes back: :meth:`SharedStateRegistry.pin`
 refuses it, and a newer checkpoint can only push it further down.
 """
