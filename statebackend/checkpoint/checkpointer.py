@@ -116,7 +116,7 @@ class PartitionCheckpointer:
 
     # --- restore ----------------------------------------------------------------------
 
-    def restore(self, manifest: PartitionManifest | None
+    def restore(self, manifest: PartitionManifest | None, reasons: list[str] | None = None
                 ) -> tuple[RocksDBInstance, RestoreMetrics]:
         """Open the working instance holding exactly the state of ``manifest``.
 
@@ -125,6 +125,9 @@ class PartitionCheckpointer:
         manifest : PartitionManifest or None
             The checkpoint to restore (for batch ``b``, the one chosen for ``b-1``);
             None starts from empty state.
+        reasons : list of str, optional
+            Why a faster source was already passed over (a kept-open instance that was
+            not handed over); reported with the restore's own fallback reasons.
 
         Returns
         -------
@@ -137,12 +140,12 @@ class PartitionCheckpointer:
         UnsafePathError
             The manifest names a path outside the checkpoint root.
         """
-        inst, metrics = self._restore(manifest)
+        inst, metrics = self._restore(manifest, list(reasons or ()))
         if self.options.checkpoint_mode == "changelog":
             self.start_recording(inst)
         return inst, metrics
 
-    def _restore(self, manifest: PartitionManifest | None
+    def _restore(self, manifest: PartitionManifest | None, reasons: list[str]
                  ) -> tuple[RocksDBInstance, RestoreMetrics]:
         t0 = time.perf_counter()
         self._restored = True
@@ -153,7 +156,6 @@ class PartitionCheckpointer:
             return inst, RestoreMetrics(None, self.partition, RestoreSource.EMPTY,
                                         time.perf_counter() - t0)
         validate_manifest(manifest, self.operator_id)
-        reasons: list[str] = []
 
         found = self._from_working_dir(manifest, reasons)
         if found is not None:

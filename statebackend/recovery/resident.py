@@ -147,7 +147,8 @@ class ResidentInstances:
                         exc_info=True)
 
     def request_handover(self, local: LocalRecovery, base: PartitionManifest,
-                         wait_s: float | None = None) -> bool:
+                         wait_s: float | None = None,
+                         reasons: list[str] | None = None) -> bool:
         """Have another process of this machine hand over its open instance of ``base``.
 
         Looks for a working directory of another process whose clean marker names exactly
@@ -157,7 +158,9 @@ class ResidentInstances:
         sequence number checked as always). A dead owner's directory is taken directly once
         its LOCK is free. Waits at most ``wait_s``; False: restore from the local copy as
         usual (``local`` then names a fresh directory, so a late handover lands nowhere).
-        ``wait_s`` defaults to :data:`HANDOVER_WAIT_S`, read at each call.
+        ``wait_s`` defaults to :data:`HANDOVER_WAIT_S`, read at each call. ``reasons``
+        gets why an instance that was asked for did not come (the restore report's
+        fallback reason).
         """
         if wait_s is None:
             wait_s = HANDOVER_WAIT_S
@@ -183,9 +186,14 @@ class ResidentInstances:
                 return True
             try:
                 os.unlink(request)  # withdrawn before the owner took it up
+                why = "did not take the request up (busy with it, or slow)"
             except FileNotFoundError:
                 if _wait_for(local.marker_path, wait_s):  # taken up: it is on its way
                     return True
+                why = "took the request up but the directory did not arrive"
+            if reasons is not None:
+                reasons.append(f"the instance kept open by worker {pid} was not handed over "
+                               f"within {wait_s:g} s: it {why}")
             local.use_working_dir(resident_dir_name())
             return False
         return False

@@ -203,6 +203,7 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             f"`statebackend migrate-savepoint URL OPERATOR NAME NEW_NAME --max-parallelism "
             f"{config.max_parallelism}` (or statebackend.savepoint.migrate.migrate_savepoint), "
             f"and start from the new savepoint)")
+    passed_over: list[str] = []  # faster sources that did not work out, for the report
     if resident is not None:
         t0 = time.perf_counter()
         kept = resident.take(checkpointer.local, base)
@@ -212,7 +213,7 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             return Restored(kept, rmetrics, base, False, et, record, prev)
         if base is not None:
             # open in another worker of this executor: have it handed over (bounded wait)
-            resident.request_handover(checkpointer.local, base)
+            resident.request_handover(checkpointer.local, base, reasons=passed_over)
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
@@ -225,7 +226,7 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
         et = reader.manifest.metrics.get("max_event_time_ms")
         return Restored(inst, smetrics, None, False, None if et is None else int(et), record,
                         prev)
-    inst, rmetrics = checkpointer.restore(base)
+    inst, rmetrics = checkpointer.restore(base, passed_over)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
     return Restored(inst, rmetrics, base, base is None, et, record, prev)
 

@@ -41,6 +41,10 @@ def config(root: str, operator_id: str = "frames", **options) -> OperatorConfig:
                                     local_dir=f"{root}/local", **options))
 
 
+LAST_RESTORE: dict = {}
+"""The restore metrics of the last :func:`run_task` (source, fallback reason, ...)."""
+
+
 def run_task(root: str, batch: int, attempt: str, input_frames, frame_rows: int = 4,
              operator_id: str = "frames", **options) -> tuple[pd.DataFrame, str]:
     """One task of batch ``batch`` over ``input_frames``: the output, and where the task
@@ -55,5 +59,7 @@ def run_task(root: str, batch: int, attempt: str, input_frames, frame_rows: int 
         runner.task_identity = original
     store = operator_store(open_store(cfg.checkpoint_location), operator_id)
     (manifest,) = [m for m in list_published_manifests(store, batch, 0) if m.attempt == attempt]
+    LAST_RESTORE.clear()
+    LAST_RESTORE.update(manifest.metrics["restore"])
     return (pd.concat(out) if out else pd.DataFrame({"k": [], "v": []}),
             manifest.metrics["restore"]["source"])

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+import inproc
 from inproc import frames, run_task
 
 from statebackend.recovery import resident
@@ -23,6 +24,7 @@ if __name__ == "__main__":
     out, source = run_task(root, int(batch), attempt, frames(rows.split(",")),
                            keep_instances_open=True)
     print(json.dumps({"source": source, "pid": os.getpid(),
+                      "reason": inproc.LAST_RESTORE.get("fallback_reason"),
                       "counts": {k: int(v) for k, v in out.groupby("k")["v"].max().items()}}),
           flush=True)
     if how == "busy-crash":

@@ -183,6 +183,10 @@ def test_a_busy_owner_never_blocks_the_next_task(tmp_path):
     try:
         r1 = other_worker(tmp_path, 1, "t1", ["a", "c"])
         assert r1["source"] == "local_copy" and r1["counts"] == {"a": 2, "c": 1}
+        # the restore report says why the kept instance was not used
+        assert r1["reason"] == (f"the instance kept open by worker {os.getpid()} was not "
+                                f"handed over within 1 s: it did not take the request up "
+                                f"(busy with it, or slow)")
         assert ours in work_dirs(tmp_path) and not busy.instance.closed
         assert not os.path.exists(busy.instance.path + resident.RELEASE_SUFFIX)
         # our instance is now superseded: the next task here closes it and restores
