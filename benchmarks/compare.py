@@ -257,10 +257,14 @@ def run_one(spark, system: System, workload: str, input_dir: str, work: str, *,
         from statebackend.storage import open_store
 
         sources: dict[str, int] = {}
+        fallbacks: dict[str, int] = {}
         for line in read_metrics(open_store(state_dir), f"{system.name}-{workload}"):
             for k, v in (line.get("restore_sources") or {}).items():
                 sources[k] = sources.get(k, 0) + int(v)
+            for why in (line.get("restore_fallbacks") or {}).values():
+                fallbacks[why] = fallbacks.get(why, 0) + 1
         out["restore_sources"] = sources  # tasks per restore source over the run
+        out["restore_fallbacks"] = fallbacks  # why tasks passed over a faster source
     if restart:
         # one more small file: the batch that follows a restart pays the restore
         extra = os.path.join(work, "extra")
@@ -538,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"restart {r['restart_ms'] or 0:,.0f} ms  load {r['load_avg_1m']:.1f}"
                   + (f"  restores {r['restore_sources']}" if r.get("restore_sources") else ""),
                   flush=True)
+            for why, n in sorted((r.get("restore_fallbacks") or {}).items()):
+                print(f"      {n} task(s) fell back: {why}", flush=True)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -153,6 +153,8 @@ class PartitionStats:
     # object-store requests of the task (RequestCounts as dicts): "restore" (reading the
     # committed state) and "checkpoint" (uploads and the manifest's PUT)
     requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # why a faster restore source was passed over (None: the first choice worked)
+    restore_fallback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,10 @@ class CheckpointStats:
         head, list, delete, bytes_up, bytes_down): ``checkpoint`` and ``restore`` summed
         over the partitions' tasks, ``completion`` the driver's (listing, manifest reads,
         record). A phase is absent when nothing counted it (a store without accounting).
+    restore_fallbacks : dict
+        Partition -> why its task passed over a faster restore source (a kept-open
+        instance not handed over, a working directory written after the checkpoint, an
+        unusable local copy); only partitions that fell back.
     """
 
     operator_id: str
@@ -202,6 +208,7 @@ class CheckpointStats:
     restore_bytes_downloaded: int
     rocksdb: Mapping[str, int]
     requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    restore_fallbacks: Mapping[int, str] = field(default_factory=dict)
     partitions: tuple[PartitionStats, ...] = ()
 
     def to_dict(self, partitions: bool = True) -> dict[str, Any]:
@@ -242,7 +249,8 @@ def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionSt
         requests={phase: RequestCounts.from_dict(met[key]).to_dict()
                   for phase, key in (("restore", "restore_requests"),
                                      ("checkpoint", "checkpoint_requests"))
-                  if met.get(key) is not None})
+                  if met.get(key) is not None},
+        restore_fallback=restore.get("fallback_reason") or None)
 
 
 def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest],
@@ -293,7 +301,10 @@ def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest
         restore_ms=max((p.restore_ms for p in parts), default=0.0),
         restore_bytes_downloaded=sum(p.restore_bytes_downloaded for p in parts),
         rocksdb=dict(sorted(rocks.items())),
-        requests={k: v.to_dict() for k, v in sorted(requests.items())}, partitions=parts)
+        requests={k: v.to_dict() for k, v in sorted(requests.items())},
+        restore_fallbacks={p.partition: p.restore_fallback for p in parts
+                           if p.restore_fallback},
+        partitions=parts)
 
 
 def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int

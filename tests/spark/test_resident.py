@@ -14,10 +14,14 @@ import time
 from collections import Counter
 
 import pytest
-from inproc import frames, run_task
+from inproc import config, frames, run_task
 
+from statebackend.checkpoint.manifest import CompletedCheckpoint
+from statebackend.metrics import aggregate
 from statebackend.recovery import resident
 from statebackend.recovery.resident import resident_instances
+from statebackend.storage import open_store
+from statebackend.storage.manifests import list_published_manifests, operator_store
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ON = {"keep_instances_open": True}
@@ -183,10 +187,15 @@ def test_a_busy_owner_never_blocks_the_next_task(tmp_path):
     try:
         r1 = other_worker(tmp_path, 1, "t1", ["a", "c"])
         assert r1["source"] == "local_copy" and r1["counts"] == {"a": 2, "c": 1}
-        # the restore report says why the kept instance was not used
-        assert r1["reason"] == (f"the instance kept open by worker {os.getpid()} was not "
-                                f"handed over within 1 s: it did not take the request up "
-                                f"(busy with it, or slow)")
+        # the restore report says why the kept instance was not used, and so do the
+        # checkpoint's stats (the metrics line and the benchmarks read them)
+        why = (f"the instance kept open by worker {os.getpid()} was not handed over "
+               f"within 1 s: it did not take the request up (busy with it, or slow)")
+        assert r1["reason"] == why
+        store = operator_store(open_store(config(str(tmp_path)).checkpoint_location), "frames")
+        (m1,) = list_published_manifests(store, 1, 0)
+        assert aggregate(CompletedCheckpoint("frames", 1, 1, m1.max_parallelism,
+                                             {0: m1.path}), [m1]).restore_fallbacks == {0: why}
         assert ours in work_dirs(tmp_path) and not busy.instance.closed
         assert not os.path.exists(busy.instance.path + resident.RELEASE_SUFFIX)
         # our instance is now superseded: the next task here closes it and restores
