@@ -173,12 +173,8 @@ class ResidentInstances:
                     return True
                 continue
             request = src + RELEASE_SUFFIX
-            try:
-                fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except OSError:
+            if not _create_with(request, os.path.basename(local.working_dir)):
                 continue  # another task asked first
-            with os.fdopen(fd, "w") as fh:
-                fh.write(os.path.basename(local.working_dir))
             # the owner may die while we wait (a killed worker): then take it directly
             if _wait_for(local.marker_path, wait_s,
                          lambda p=pid, d=src: not pid_alive(p) and _take_from_dead(d, local)):
@@ -190,7 +186,9 @@ class ResidentInstances:
             except FileNotFoundError:
                 if _wait_for(local.marker_path, wait_s):  # taken up: it is on its way
                     return True
-                why = "took the request up but the directory did not arrive"
+                why = ("took the request up but the directory did not arrive ("
+                       + ("it is still there" if os.path.exists(src) else
+                          "the owner deleted it: not reusable") + ")")
             if reasons is not None:
                 reasons.append(f"the instance kept open by worker {pid} was not handed over "
                                f"within {wait_s:g} s: it {why}")
@@ -317,6 +315,10 @@ class ResidentInstances:
             try:
                 with open(request) as fh:
                     target = fh.read().strip()
+                if not _DIR_RE.match(target):
+                    # not a request of ours (requests are created whole, with their
+                    # content): leave it to its writer, who withdraws it after its wait
+                    continue
                 os.unlink(request)
             except OSError:
                 continue
@@ -330,10 +332,14 @@ class ResidentInstances:
     def _hand_over(self, entry: _Entry, target: str) -> int:
         path = entry.instance.path
         clean = _same_sequence(entry)
+        t0 = time.monotonic()
         try:
             entry.instance.close()
         except Exception:  # noqa: BLE001 - then it is not handed over
             clean = False
+        took = time.monotonic() - t0
+        if took > HANDOVER_WAIT_S / 2 or not clean:
+            log.warning("handing over %s: closing took %.2f s, reusable: %s", path, took, clean)
         self._in_use.discard(path)
         dst = os.path.join(os.path.dirname(path), target)
         if clean and _DIR_RE.match(target) and os.path.exists(path + MARKER_SUFFIX):
@@ -398,6 +404,21 @@ def _wait_for(path: str, wait_s: float, other=None) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.002)
+
+
+def _create_with(path: str, text: str) -> bool:
+    """Create ``path`` holding ``text``, atomically: no reader ever sees it empty or
+    partly written (hard link of a complete temporary file). False: it exists."""
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        _unlink(tmp)
 
 
 def _same_sequence(entry: _Entry) -> bool:

@@ -174,6 +174,31 @@ def test_handover_between_worker_processes(tmp_path):
     assert len(work_dirs(tmp_path)) == 1 and len(cache) == 1
 
 
+def test_a_request_read_before_it_is_written_is_left_alone(tmp_path):
+    # The owner's timer polls every 10 ms; a request it reads before its writer filled it
+    # in must not be taken up (it used to be: the empty target was refused, the instance
+    # closed and its directory deleted, and the requester waited 2 s for nothing).
+    cache = resident_instances(300.0)
+    run_task(str(tmp_path), 0, "t0", frames(["a", "b"]), **ON)
+    (ours,) = work_dirs(tmp_path)
+    d = os.path.join(str(tmp_path), "local", "frames", "p0")
+    request = os.path.join(d, ours + resident.RELEASE_SUFFIX)
+    open(request, "w").close()  # created, not yet written
+    assert cache.release_requested() == 0
+    assert work_dirs(tmp_path) == [ours] and len(cache) == 1 and os.path.exists(request)
+    target = resident.resident_dir_name()
+    with open(request, "w") as fh:
+        fh.write(target)
+    assert cache.release_requested() == 1
+    assert work_dirs(tmp_path) == [target] and len(cache) == 0
+    assert os.path.exists(os.path.join(d, target + resident.MARKER_SUFFIX))
+    assert not os.path.exists(request)
+    # requests are created whole: a second one for the same directory is refused
+    assert resident._create_with(request, target) and not resident._create_with(request, "x")
+    assert open(request).read() == target
+    assert not [n for n in os.listdir(d) if n.endswith(".tmp")]
+
+
 def test_a_busy_owner_never_blocks_the_next_task(tmp_path):
     # The instance is open here but not idle (as if a task of ours were using it): the
     # request is never taken up, the other worker withdraws it after a bounded wait and
