@@ -169,36 +169,47 @@ def test_local_disk_full_while_keeping_the_local_copy(spark, tmp_path):
     assert rep[1].source in KEPT
 
 
-@pytest.mark.parametrize("num_retained", [1, 2])
-def test_sink_fails_after_every_partition_published(spark, tmp_path, num_retained):
-    # The sink of micro-batch 1 fails once its tasks have all published: Spark did not
-    # commit the batch and runs it again after the restart, from the state of batch 0. The
-    # query's end (and the restart's planning) completes checkpoint 1 from what was
-    # published, without knowing that; with num_retained=1 that completion must not let
-    # retention delete checkpoint 0.
-    data = batches(3, seed=29)
+def _env_retaining(tmp_path, num_retained: int, data) -> Env:
     env = Env(tmp_path)
     env.backend = RocksDBStateBackend(env.state, StateBackendOptions(
         parallelism=2, num_retained=num_retained, local_dir=env.local))
     write_batches(env.in_dir, data)
-    out: dict[int, pd.DataFrame] = {}
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(env.in_dir)
+    return env
+
+
+def _sink_fails_in_batch_1(spark, env: Env, out: dict[int, pd.DataFrame]) -> None:
+    """Run the running count until its sink fails in micro-batch 1, after the operator ran
+    there (every partition published): Spark does not commit the micro-batch."""
+    failed = env.tmp / "sink-failed"
 
     def failing_sink(batch_df, batch_id):
         pdf = batch_df.toPandas()  # runs the operator: every partition publishes
-        if batch_id == 1 and not os.path.exists(tmp_path / "sink-failed"):
-            open(tmp_path / "sink-failed", "w").close()
+        if batch_id == 1 and not os.path.exists(failed):
+            open(failed, "w").close()
             raise RuntimeError("injected sink failure")
         out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
 
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(env.in_dir)
     q = (env.build(F.RunningCount())(df).writeStream.foreachBatch(failing_sink)
          .outputMode("update").option("checkpointLocation", env.ck)
          .trigger(availableNow=True).start())
     with pytest.raises(Exception, match="injected sink failure"):
         q.awaitTermination()
     assert sorted(out) == [0] and spark_committed(env.ck) == 0
-    coord = env.backend.coordinator(OP)
     env.backend.complete(OP)  # what the query's end and the restart's planning do
+
+
+@pytest.mark.parametrize("num_retained", [1, 2])
+def test_sink_fails_after_every_partition_published(spark, tmp_path, num_retained):
+    # Spark runs micro-batch 1 again after the restart, from the state of batch 0. The
+    # query's end (and the restart's planning) completes checkpoint 1 from what was
+    # published, without knowing that Spark did not commit it; with num_retained=1 that
+    # completion must not let retention delete checkpoint 0.
+    data = batches(3, seed=29)
+    env = _env_retaining(tmp_path, num_retained, data)
+    out: dict[int, pd.DataFrame] = {}
+    _sink_fails_in_batch_1(spark, env, out)
+    coord = env.backend.coordinator(OP)
     assert env.completed() == [0, 1]  # 0 is kept: Spark may run micro-batch 1 again
     assert not coord.get(1).committed and coord.get(0).committed
 
@@ -211,46 +222,27 @@ def test_sink_fails_after_every_partition_published(spark, tmp_path, num_retaine
 
 
 def test_another_querys_progress_does_not_commit_a_failed_micro_batch(spark, tmp_path):
-    # Query B's sink fails in micro-batch 1 after every partition published (checkpoint 1
-    # is completed without Spark's commit); query A, on another backend in the same
-    # session, then runs micro-batches 0..2. A's progress events must not tell B's backend
-    # that Spark committed its micro-batch 1 (num_retained=1 would then delete checkpoint
-    # 0, which B's rerun of micro-batch 1 starts from).
+    # Query B's sink fails in micro-batch 1 (checkpoint 1 is completed without Spark's
+    # commit); query A, on another backend in the same session, then runs micro-batches
+    # 0..2. A's progress events must not tell B's backend that Spark committed its
+    # micro-batch 1 (num_retained=1 would then delete checkpoint 0, which B's rerun of
+    # micro-batch 1 starts from).
     data = batches(3, seed=37)
-    envs = {name: Env(tmp_path / name) for name in ("a", "b")}
-    for env in envs.values():
-        env.backend = RocksDBStateBackend(env.state, StateBackendOptions(
-            parallelism=2, num_retained=1, local_dir=env.local))
-        write_batches(env.in_dir, data)
-    b = envs["b"]
+    a, b = (_env_retaining(tmp_path / name, 1, data) for name in ("a", "b"))
     out_b: dict[int, pd.DataFrame] = {}
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(b.in_dir)
-
-    def failing_sink(batch_df, batch_id):
-        pdf = batch_df.toPandas()
-        if batch_id == 1 and not os.path.exists(tmp_path / "sink-failed"):
-            open(tmp_path / "sink-failed", "w").close()
-            raise RuntimeError("injected sink failure")
-        out_b[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
-
-    q = (b.build(F.RunningCount())(df).writeStream.foreachBatch(failing_sink)
-         .outputMode("update").option("checkpointLocation", b.ck)
-         .trigger(availableNow=True).start())
-    with pytest.raises(Exception, match="injected sink failure"):
-        q.awaitTermination()
-    b.backend.complete(OP)
-    assert not b.backend.coordinator(OP).get(1).committed
+    _sink_fails_in_batch_1(spark, b, out_b)
+    coord = b.backend.coordinator(OP)
+    assert not coord.get(1).committed
 
     out_a: dict[int, pd.DataFrame] = {}
-    run(spark, envs["a"].in_dir, envs["a"].build(F.RunningCount()), envs["a"].ck, out_a)
+    run(spark, a.in_dir, a.build(F.RunningCount()), a.ck, out_a)
     check(out_a, reference(data))
-    a_coord = envs["a"].backend.coordinator(OP)
+    a_coord = a.backend.coordinator(OP)
     deadline = time.monotonic() + 60  # A's listener events are asynchronous
     while not (a_coord.latest() and a_coord.latest().checkpoint_id == 2
                and a_coord.latest().committed) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert a_coord.latest().committed  # A's own progress marked A's checkpoints
-    coord = b.backend.coordinator(OP)
     assert [c.checkpoint_id for c in coord.list_completed()] == [0, 1]
     assert not coord.get(1).committed
 
