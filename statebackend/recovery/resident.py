@@ -408,14 +408,18 @@ def _wait_for(path: str, wait_s: float, other=None) -> bool:
 
 def _create_with(path: str, text: str) -> bool:
     """Create ``path`` holding ``text``, atomically: no reader ever sees it empty or
-    partly written (hard link of a complete temporary file). False: it exists."""
+    partly written (hard link of a complete temporary file). False: it exists, or it
+    could not be created (the caller then restores from the local copy)."""
     tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
     try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
         os.link(tmp, path)
         return True
     except FileExistsError:
+        return False
+    except OSError:  # a full disk, a filesystem without hard links: no handover then
+        log.info("could not create %s", path, exc_info=True)
         return False
     finally:
         _unlink(tmp)
