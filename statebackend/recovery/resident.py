@@ -175,16 +175,20 @@ class ResidentInstances:
             request = src + RELEASE_SUFFIX
             if not _create_with(request, os.path.basename(local.working_dir)):
                 continue  # another task asked first
-            # the owner may die while we wait (a killed worker): then take it directly
-            if _wait_for(local.marker_path, wait_s,
-                         lambda p=pid, d=src: not pid_alive(p) and _take_from_dead(d, local)):
+            # the owner may die while we wait (a killed worker), even halfway through
+            # handing it over: then take it, or finish the move, directly
+            def dead_owner(p=pid, d=src) -> bool:
+                return not pid_alive(p) and _take_from_dead(d, local)
+
+            if _wait_for(local.marker_path, wait_s, dead_owner):
                 _unlink(request)
                 return True
             try:
                 os.unlink(request)  # withdrawn before the owner took it up
                 why = "did not take the request up (busy with it, or slow)"
             except FileNotFoundError:
-                if _wait_for(local.marker_path, wait_s):  # taken up: it is on its way
+                # taken up: it is on its way
+                if _wait_for(local.marker_path, wait_s, dead_owner):
                     return True
                 why = ("took the request up but the directory did not arrive ("
                        + ("it is still there" if os.path.exists(src) else
@@ -450,11 +454,18 @@ def _superseded(entry: _Entry) -> bool:
 
 def _take_from_dead(src: str, local: LocalRecovery) -> bool:
     """Move the working directory ``src`` of a dead process, and its clean marker, to
-    ``local``'s working directory once no process holds its LOCK (False: not taken)."""
-    if _lock_held(src):
-        return False
+    ``local``'s working directory once no process holds its LOCK (False: not taken).
+
+    Also finishes a handover its owner died in: the directory already renamed to
+    ``local``'s working directory (a name only that handover could create), the marker
+    not yet."""
     try:
-        os.rename(src, local.working_dir)
+        if os.path.isdir(src):
+            if _lock_held(src):
+                return False
+            os.rename(src, local.working_dir)
+        elif not os.path.isdir(local.working_dir):
+            return False
         os.rename(src + MARKER_SUFFIX, local.marker_path)
     except OSError:
         return False

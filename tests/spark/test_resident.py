@@ -259,6 +259,26 @@ def test_an_owner_that_dies_while_asked_hands_over_by_dying(tmp_path, monkeypatc
                 if n.endswith(resident.RELEASE_SUFFIX)]
 
 
+def test_an_owner_that_dies_between_its_two_renames_is_finished_by_the_requester(
+        tmp_path, monkeypatch):
+    # A worker killed while handing over (ExitOnce in a worker that kept another
+    # partition's instance): it had renamed the directory to the requester's name but not
+    # yet its marker. The requester finishes the move instead of waiting 2 s and
+    # restoring from the local copy.
+    from statebackend.spark import runner
+
+    r0 = other_worker(tmp_path, 0, "t0", ["a", "b"], how="crash")
+    assert r0["source"] == "empty"
+    (dead,) = work_dirs(tmp_path)
+    d = os.path.join(str(tmp_path), "local", "frames", "p0")
+    target = resident.resident_dir_name()
+    os.rename(os.path.join(d, dead), os.path.join(d, target))  # the owner's first rename
+    monkeypatch.setattr(runner, "resident_dir_name", lambda: target)
+    out1, s1 = run_task(str(tmp_path), 1, "t1", frames(["a", "c"]), **ON)
+    assert s1 == "working_dir" and counts(out1) == {"a": 2, "c": 1}
+    assert not os.path.exists(os.path.join(d, dead + resident.MARKER_SUFFIX))
+
+
 def test_many_batches_count_exactly_once_with_instances_kept_open(tmp_path):
     import random
 
