@@ -835,11 +835,9 @@ class CheckpointCoordinator:
             probe = SharedStateRegistry.rebuild(
                 self.num_retained,
                 [RegisteredCheckpoint(r, frozenset()) for r in records.values()], pins)
-            retained = set(probe.retained_ids())
-            # The checkpoint an uncommitted latest keeps is a best effort for a rerun of
-            # its micro-batch (a coordinator that knew the commit may be deleting it):
-            # without its manifests it is subsumed, not corrupt.
-            retained &= set(sorted(records)[-self.num_retained:]) | pins
+            # only the promised ones must have their manifests: the checkpoint an
+            # uncommitted latest keeps for a rerun may be gone (not corrupt)
+            retained = set(probe.promised_ids())
             try:
                 cps = [self._load(r, must_exist=r.checkpoint_id in retained, listed=listed)
                        for r in records.values()]

@@ -167,10 +167,17 @@ class SharedStateRegistry:
     def retained_ids(self) -> list[int]:
         """Ids of the retained checkpoints, oldest first."""
         ids = sorted(self.checkpoints)
-        keep = self.num_retained
-        if ids and not self.checkpoints[ids[-1]].record.committed:
-            keep = max(keep, 2)  # Spark may run the latest's micro-batch again from its base
-        return sorted(set(ids[-keep:]) | (self.pins & self.checkpoints.keys()))
+        keep = set(self.promised_ids())
+        if len(ids) > 1 and not self.checkpoints[ids[-1]].record.committed:
+            keep.add(ids[-2])  # Spark may run the latest's micro-batch again from its base
+        return sorted(keep)
+
+    def promised_ids(self) -> list[int]:
+        """The retained ids whose files must exist: the ``num_retained`` newest and the
+        pinned. The one kept for a rerun of an uncommitted latest is a best effort (a
+        coordinator that knew of the commit may already be deleting it)."""
+        newest = sorted(self.checkpoints)[-self.num_retained:]
+        return sorted(set(newest) | (self.pins & self.checkpoints.keys()))
 
     def subsumed_ids(self) -> list[int]:
         """Ids of known checkpoints that are no longer retained, oldest first."""

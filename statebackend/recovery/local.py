@@ -105,7 +105,7 @@ class LocalRecovery:
         """Record that the working directory holds exactly this checkpoint (atomic write)."""
         data = json.dumps({"checkpoint_id": checkpoint_id, "attempt": attempt,
                            "sequence_number": sequence_number}).encode()
-        _atomic_write(self.marker_path, data)
+        atomic_write(self.marker_path, data)
 
     def read_clean_marker(self) -> CleanMarker | None:
         return read_clean_marker(self.marker_path)
@@ -371,11 +371,29 @@ def read_clean_marker(path: str) -> CleanMarker | None:
         return None
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, *, exclusive: bool = False,
+                 sync: bool = True) -> bool:
+    """Write ``path`` whole: no reader ever sees it empty or partly written (a complete
+    temporary file renamed, or, ``exclusive``, hard-linked: created only if ``path`` does
+    not exist yet; False then). ``sync``: fsync the data first (survives a crash)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from ..checkpoint.manifest import PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
-from .local import MARKER_SUFFIX, LocalRecovery, pid_alive, read_clean_marker
+from .local import MARKER_SUFFIX, LocalRecovery, atomic_write, pid_alive, read_clean_marker
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,14 @@ class ResidentInstances:
                     return True
                 continue
             request = src + RELEASE_SUFFIX
-            if not _create_with(request, os.path.basename(local.working_dir)):
-                continue  # another task asked first
+            try:
+                # whole or not at all: the owner's timer must never read it half written
+                if not atomic_write(request, os.path.basename(local.working_dir).encode(),
+                                    exclusive=True, sync=False):
+                    continue  # another task asked first
+            except OSError:  # a full disk, a filesystem without hard links
+                log.info("could not ask for %s", src, exc_info=True)
+                return False
             # the owner may die while we wait (a killed worker), even halfway through
             # handing it over: then take it, or finish the move, directly
             def dead_owner(p=pid, d=src) -> bool:
@@ -346,7 +352,7 @@ class ResidentInstances:
             log.warning("handing over %s: closing took %.2f s, reusable: %s", path, took, clean)
         self._in_use.discard(path)
         dst = os.path.join(os.path.dirname(path), target)
-        if clean and _DIR_RE.match(target) and os.path.exists(path + MARKER_SUFFIX):
+        if clean and os.path.exists(path + MARKER_SUFFIX):  # target: checked by the caller
             try:
                 os.rename(path, dst)
                 # the marker last: the requester waits for it
@@ -408,25 +414,6 @@ def _wait_for(path: str, wait_s: float, other=None) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.002)
-
-
-def _create_with(path: str, text: str) -> bool:
-    """Create ``path`` holding ``text``, atomically: no reader ever sees it empty or
-    partly written (hard link of a complete temporary file). False: it exists, or it
-    could not be created (the caller then restores from the local copy)."""
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    except OSError:  # a full disk, a filesystem without hard links: no handover then
-        log.info("could not create %s", path, exc_info=True)
-        return False
-    finally:
-        _unlink(tmp)
 
 
 def _same_sequence(entry: _Entry) -> bool:

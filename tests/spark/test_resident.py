@@ -194,9 +194,10 @@ def test_a_request_read_before_it_is_written_is_left_alone(tmp_path):
     assert os.path.exists(os.path.join(d, target + resident.MARKER_SUFFIX))
     assert not os.path.exists(request)
     # requests are created whole: a second one for the same directory is refused
-    assert resident._create_with(request, target) and not resident._create_with(request, "x")
+    assert resident.atomic_write(request, target.encode(), exclusive=True, sync=False)
+    assert not resident.atomic_write(request, b"x", exclusive=True, sync=False)
     assert open(request).read() == target
-    assert not [n for n in os.listdir(d) if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(d) if ".tmp" in n]
 
 
 def test_a_busy_owner_never_blocks_the_next_task(tmp_path):
