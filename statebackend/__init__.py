@@ -12,12 +12,15 @@ from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CorruptStateError,
+    FencingUnsupportedError,
     IncompatibleStateError,
     OptionsError,
     RestoreError,
     StateBackendError,
+    StateLocationInUseError,
     StorageError,
     UnknownOptionError,
+    WriterFencedError,
 )
 from .options import StateBackendOptions
 
@@ -27,14 +30,17 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CorruptStateError",
+    "FencingUnsupportedError",
     "IncompatibleStateError",
     "OptionsError",
     "RestoreError",
     "RocksDBStateBackend",
     "StateBackendError",
     "StateBackendOptions",
+    "StateLocationInUseError",
     "StorageError",
     "UnknownOptionError",
+    "WriterFencedError",
 ]
 
 

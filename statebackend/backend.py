@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -227,7 +228,8 @@ class RocksDBStateBackend:
                 coord = CheckpointCoordinator(store, operator_id,
                                               parallelism=opts.parallelism or 1,
                                               max_parallelism=opts.max_parallelism,
-                                              num_retained=opts.num_retained)
+                                              num_retained=opts.num_retained,
+                                              fencing=opts.fencing)
                 self._coordinators[operator_id] = coord
             return coord
 
@@ -277,7 +279,8 @@ class RocksDBStateBackend:
             if not was_pinned:
                 coord.unpin(checkpoint_id)
 
-    def complete(self, operator_id: str | None = None, *, up_to: int | None = None) -> list:
+    def complete(self, operator_id: str | None = None, *, up_to: int | None = None,
+                 run_id: str | None = None) -> list:
         """Complete every checkpoint whose partitions have all published (idempotent).
 
         Streaming queries do this automatically after every micro-batch; batch jobs call it
@@ -286,10 +289,15 @@ class RocksDBStateBackend:
         which the operator ran no task (see :func:`complete_pending`). Without it, Spark
         may still run the latest completed micro-batch again (its query failed before
         committing it, say), so the checkpoint before it stays retained until a newer one
-        completes or a later call names that micro-batch in ``up_to``."""
+        completes or a later call names that micro-batch in ``up_to``. ``run_id``: the
+        Spark run that finished it (the listener passes it): the coordinator then acts for
+        that run only, and is refused (WriterFencedError) once a newer run took over."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            done.extend(complete_pending(self.coordinator(op), up_to=up_to))
+            coord = self.coordinator(op)
+            if run_id is not None:
+                coord.bind_writer(run_id)
+            done.extend(complete_pending(coord, up_to=up_to))
         return done
 
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
@@ -413,10 +421,11 @@ class RocksDBStateBackend:
                     pass  # written by a run with the new layout: completed just below
         coord.parallelism = opts.parallelism
         complete_pending(coord)
-        epoch = None
+        epoch = run_id = None
         if not df.isStreaming:
             latest = coord.latest()
             epoch = 0 if latest is None else latest.checkpoint_id + 1
+            run_id = f"batch-{uuid.uuid4().hex}"  # the writer identity of this run
         parallelism = opts.parallelism
         assert parallelism is not None  # options_for always resolves it
         latest = coord.latest()
@@ -429,6 +438,7 @@ class RocksDBStateBackend:
                               checkpoint_location=self.checkpoint_location,
                               storage_options=self.storage_options, options=opts,
                               parallelism=parallelism, key=plan.key_spec(df, keys), epoch=epoch,
+                              run_id=run_id,
                               watermark=watermark, extra=self._savepoint_extra(operator_id))
 
     def _savepoint_extra(self, operator_id: str) -> dict[str, Any]:

@@ -77,6 +77,11 @@ class StorageError(StateBackendError, OSError):
     """Durable storage failed (after retries) or holds something unexpected."""
 
 
+class FencingUnsupportedError(StorageError):
+    """The durable store offers no compare-and-set (an atomic create-if-absent), so one
+    writer per state location cannot be enforced; ``fencing=False`` opts out."""
+
+
 class TransientStorageError(StorageError):
     """A storage failure worth retrying (timeouts, throttling, connection resets)."""
 
@@ -94,6 +99,36 @@ class CommitFailedError(CheckpointError):
 
     The single retryable error of the commit protocol.
     """
+
+
+class WriterFencedError(CheckpointError, RuntimeError):
+    """A newer run of the same query took over this state location: this writer (a
+    zombie driver, or a task of the older run) must stop before it publishes or deletes.
+
+    Attributes
+    ----------
+    newer : object
+        The :class:`~statebackend.checkpoint.fencing.WriterEpoch` that owns the location.
+    """
+
+    def __init__(self, message: str, *, newer: object = None) -> None:
+        super().__init__(message)
+        self.newer = newer
+
+
+class StateLocationInUseError(IncompatibleStateError):
+    """Another streaming query owns this state location; the query that asked is refused
+    at its start and the owner runs on undisturbed.
+
+    Attributes
+    ----------
+    owner : object
+        The :class:`~statebackend.checkpoint.fencing.WriterEpoch` of the owning query.
+    """
+
+    def __init__(self, message: str, *, owner: object = None) -> None:
+        super().__init__(message)
+        self.owner = owner
 
 
 class RestoreError(StateBackendError):

@@ -356,6 +356,8 @@ class StateBackendOptions:
         the life of the state. 1..32768.
     num_retained : int, default 3
         Completed checkpoints kept in durable storage (>= 1).
+    fencing : bool, default True
+        One writer per state location (writer epochs by compare-and-set on the store).
     incremental : bool, default True
         Upload only new SST files per checkpoint (False: full snapshot every time).
     checkpoint_mode : {"incremental", "changelog"}, default "incremental"
@@ -456,6 +458,12 @@ class StateBackendOptions:
     num_retained: int = _opt(
         3, "Completed checkpoints kept in durable storage; older ones and the files only "
         "they reference are deleted.", "int", low=1, high=10_000)
+    fencing: bool = _opt(
+        True, "One writer per state location: each run of a query takes a writer epoch by "
+        "compare-and-set on the store, a newer run of the same query fences the older one, "
+        "and another query is refused at its start. False runs without it, for stores "
+        "with no atomic create-if-absent (never let two queries write one location then).",
+        "bool")
     incremental: bool = _opt(
         True, "Upload only the SST files a checkpoint adds (False: every checkpoint is a "
         "full, self-contained snapshot).", "bool")

@@ -34,6 +34,7 @@ from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, publish_manifest
 from ..storage.priority import critical_path
 from .changelog import ChangelogWriter
+from .fencing import check_publisher
 from .manifest import (
     FileEntry,
     MaterializationRef,
@@ -89,12 +90,15 @@ class PartitionCheckpointer:
     working_dir_name : str, optional
         Name of the working directory under the partition directory (default ``work``);
         instances kept open between tasks each get a name of their own.
+    writer_epoch : int, optional
+        The writer epoch of the task (:mod:`statebackend.checkpoint.fencing`): every
+        manifest carries it, and is published only while it still owns the location.
     """
 
     def __init__(self, store: DurableStore, operator_id: str, partition: int,
                  options: StateBackendOptions | None = None, local_root: str | None = None,
                  *, open_instance: InstanceFactory | None = None,
-                 working_dir_name: str = WORK_DIR) -> None:
+                 working_dir_name: str = WORK_DIR, writer_epoch: int | None = None) -> None:
         self.options = options or StateBackendOptions()
         root = local_root or (self.options.local_dir
                               and self.options.resolved_local_dir(executor_id="driver"))
@@ -107,6 +111,7 @@ class PartitionCheckpointer:
                                    num_retained=self.options.num_local_retained,
                                    working_dir_name=working_dir_name)
         self._open = open_instance or RocksDBInstance
+        self.writer_epoch = writer_epoch
         self.restored_from: PartitionManifest | None = None
         self._restored = False
 
@@ -441,7 +446,7 @@ class PartitionCheckpointer:
                 base_checkpoint_id=None if base is None else base.checkpoint_id,
                 states=tuple(states), created_at_ms=int(time.time() * 1000),
                 mode="changelog", materialization=lineage.materialization,
-                pending_materialization=lineage.pending)
+                pending_materialization=lineage.pending, writer_epoch=self.writer_epoch)
             metrics = CheckpointMetrics(
                 checkpoint_id=n, partition=self.partition, attempt=attempt,
                 sync_duration_s=sync_s, async_duration_s=time.perf_counter() - t1,
@@ -463,6 +468,7 @@ class PartitionCheckpointer:
                 extra["checkpoint_requests"] = (counts1 - counts0
                                                 + RequestCounts(put=1)).to_dict()
             manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
+            check_publisher(self.store, manifest)
             publish_manifest(self.store, manifest)
         except BaseException:
             rec.abort()
@@ -552,7 +558,8 @@ class PartitionCheckpointer:
             manifest, metrics = upload_snapshot(
                 self.store, snapshot, base=base, key_group_range=kgr,
                 max_parallelism=self.options.max_parallelism, states=states,
-                incremental=self.options.incremental, extra_metrics=extra_metrics)
+                incremental=self.options.incremental, extra_metrics=extra_metrics,
+                writer_epoch=self.writer_epoch)
         except BaseException:
             # The snapshot of an unpublished checkpoint is no secondary copy of anything.
             self.local.remove_copy(snapshot.directory)

@@ -201,6 +201,9 @@ class PartitionManifest:
     mode: str = "incremental"
     materialization: MaterializationRef | None = None
     pending_materialization: MaterializationRef | None = None
+    # the writer epoch (statebackend.checkpoint.fencing) its task published under; None:
+    # written without fencing
+    writer_epoch: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -340,10 +343,12 @@ def choose_manifest(candidates: list[PartitionManifest]) -> PartitionManifest:
     """The deterministic choice among several published attempts of one (checkpoint, partition).
 
     Every reader (the coordinator completing a checkpoint, a task restoring before the record
-    exists) applies the same rule: the attempt whose name sorts first. For deterministic user
-    functions all attempts hold the same logical state, so the choice only decides which files
-    are referenced; the others become failed attempts.
+    exists) applies the same rule: among the attempts of the newest writer epoch (a run
+    that took the location over re-ran the batch: its attempts win over a fenced run's),
+    the one whose name sorts first. For deterministic user functions all attempts hold the
+    same logical state, so the choice only decides which files are referenced; the others
+    become failed attempts.
     """
     if not candidates:
         raise ValueError("choose_manifest needs at least one candidate")
-    return min(candidates, key=lambda m: m.attempt)
+    return min(candidates, key=lambda m: (-(m.writer_epoch or 0), m.attempt))

@@ -25,6 +25,7 @@ from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from ..storage.checksum import file_crc32
 from ..storage.manifests import publish_manifest
+from .fencing import check_publisher
 from .manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -71,6 +72,7 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
                     base: PartitionManifest | None, key_group_range: tuple[int, int],
                     max_parallelism: int, states: Sequence[StateDescriptor] = (),
                     incremental: bool = True, extra_metrics: Mapping[str, Any] | None = None,
+                    writer_epoch: int | None = None,
                     ) -> tuple[PartitionManifest, CheckpointMetrics]:
     """Upload ``snapshot`` into ``store`` (rooted at the operator root) and publish its manifest.
 
@@ -90,6 +92,9 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         The declared states, recorded in the manifest.
     incremental : bool
         False uploads every file every time.
+    writer_epoch : int, optional
+        The writer epoch the task holds: publication first proves it still owns the
+        location (:mod:`statebackend.checkpoint.fencing`).
 
     Returns
     -------
@@ -148,7 +153,8 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         key_group_start=key_group_range[0], key_group_end=key_group_range[1],
         max_parallelism=max_parallelism, files=tuple(entries),
         base_checkpoint_id=None if base is None else base.checkpoint_id,
-        states=tuple(states), created_at_ms=int(time.time() * 1000))
+        states=tuple(states), created_at_ms=int(time.time() * 1000),
+        writer_epoch=writer_epoch)
     metrics = CheckpointMetrics(
         checkpoint_id=n, partition=p, attempt=attempt,
         sync_duration_s=snapshot.sync_duration_s,
@@ -163,6 +169,7 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         # The uploads' requests, plus the manifest's own PUT (it cannot count itself)
         extra["checkpoint_requests"] = (counts1 - counts0 + RequestCounts(put=1)).to_dict()
     manifest = manifest.with_metrics(**extra, **metrics.to_dict())
+    check_publisher(store, manifest)
     publish_manifest(store, manifest)
     # The manifest cannot hold its own publication time; the returned metrics do.
     metrics = replace(metrics, async_duration_s=time.perf_counter() - t0)

@@ -59,6 +59,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from .. import keygroups
+from ..checkpoint.fencing import (
+    check_owner,
+    epoch_path,
+    fenced_error,
+    held_before,
+    list_epochs,
+    read_epoch,
+)
 from ..checkpoint.manifest import (
     CHECKPOINTS_DIR,
     MANIFEST_NAME,
@@ -248,6 +256,13 @@ class CheckpointCoordinator:
     rebuild : bool
         Rebuild the registry from durable records now (the normal case; tests turn it off
         to inspect a half-done state).
+    fencing : bool
+        Complete, retain and delete only as the owner of the location
+        (:mod:`statebackend.checkpoint.fencing`): before each of these steps, one HEAD
+        proves that no newer writer epoch exists. A coordinator bound to a run
+        (:meth:`bind_writer`) whose run was fenced raises
+        :class:`~statebackend.errors.WriterFencedError`; an unbound one (planning, a manual
+        :meth:`try_complete`) follows the newest writer, rebuilding its registry first.
 
     Notes
     -----
@@ -258,7 +273,8 @@ class CheckpointCoordinator:
 
     def __init__(self, store: DurableStore, operator_id: str, parallelism: int,
                  max_parallelism: int, num_retained: int = 3, *, background_gc: bool = False,
-                 clock: Callable[[], float] = time.time, rebuild: bool = True) -> None:
+                 clock: Callable[[], float] = time.time, rebuild: bool = True,
+                 fencing: bool = True) -> None:
         if parallelism < 1 or max_parallelism < parallelism:
             raise IncompatibleStateError(
                 f"need 1 <= parallelism <= max_parallelism, got parallelism={parallelism}, "
@@ -286,7 +302,14 @@ class CheckpointCoordinator:
             if background_gc else None)
         self._gc_future: Future[GcReport] | None = None
         self._gc_again = False
+        self.fencing = fencing
+        # the writer epoch this coordinator last acted under, and the run it acts for
+        self._epoch: int | None = None
+        self._run_id: str | None = None
+        self._rebind = False
         if rebuild:
+            with self._lock:
+                self._act_as_owner()  # the writer the records below were written under
             self.rebuild()
 
     # --- paths ------------------------------------------------------------------------
@@ -302,8 +325,55 @@ class CheckpointCoordinator:
     def _delete(self, rels: Iterable[str]) -> list[str]:
         rels = sorted(set(rels))
         if rels:
+            self._check_owner()
             self.store.delete([self._abs(r) for r in rels])
         return rels
+
+    # --- fencing ------------------------------------------------------------------------
+
+    def bind_writer(self, run_id: str | None) -> None:
+        """Act for run ``run_id`` of the query from now on (the listener binds the run of
+        each progress event): if a newer run takes the location over, every completion and
+        deletion of this coordinator is refused with
+        :class:`~statebackend.errors.WriterFencedError`."""
+        with self._lock:
+            if run_id != self._run_id:
+                self._run_id = run_id
+                self._rebind = True  # the run's epoch is resolved at the next step
+
+    def _check_owner(self) -> None:
+        """Before a record is written or a file deleted: the epoch acted under is still
+        the newest (one HEAD)."""
+        if self.fencing and self._epoch:  # 0: no writer has claimed the location yet
+            check_owner(self.store, self._epoch, f"{self.operator_id}/")
+
+    def _act_as_owner(self) -> None:
+        """Resolve the epoch to act under (under the lock), before a completion or a
+        collection. Costs one HEAD while the epoch stays the newest; after a takeover, a
+        listing, a few small reads and a rebuild of the registry (the older writer may
+        have completed checkpoints since this coordinator read the records)."""
+        if not self.fencing:
+            return
+        prefix = f"{self.operator_id}/"
+        if self._epoch is not None and not self._rebind and not self.store.exists(
+                prefix + epoch_path(self._epoch + 1)):
+            return
+        self._rebind = False
+        epochs = list_epochs(self.store, prefix)
+        latest = read_epoch(self.store, epochs[-1], prefix) if epochs else None
+        if latest is None:
+            self._epoch = 0  # no writer has claimed the location yet: HEAD epoch 1 next
+            return
+        if self._run_id is not None and latest.run_id != self._run_id:
+            held = held_before(self.store, epochs[:-1], self._run_id, prefix)
+            if held is not None:
+                raise fenced_error(f"{self.store.root}/{self.operator_id}", held, latest)
+        moved = self._epoch is not None and latest.epoch != self._epoch
+        self._epoch = latest.epoch
+        if moved:
+            log.info("operator %s: %s took the location over; reading the completed "
+                     "checkpoints again", self.operator_id, latest.describe())
+            self.rebuild(collect=False)
 
     # --- registry access ----------------------------------------------------------------
 
@@ -370,13 +440,16 @@ class CheckpointCoordinator:
     def _complete_locked(self, checkpoint_id: int,
                          committed: bool) -> CompletedCheckpoint | None:
         """try_complete of a checkpoint not known yet (under the lock)."""
+        counts0 = self.store.request_counts()
+        self._act_as_owner()
         reg = self._registry
+        if checkpoint_id in reg.checkpoints:  # completed by the writer we follow now
+            return reg.checkpoints[checkpoint_id].record
         latest = reg.latest_id
         if latest is not None and checkpoint_id < latest:
             log.info("checkpoint %d of %s is older than the latest completed %d; its "
                      "files will be swept", checkpoint_id, self.operator_id, latest)
             return None
-        counts0 = self.store.request_counts()
         # One listing of the checkpoint's directory (paged: ~1,000 files per request),
         # not one per partition; then the new manifests read in parallel.
         listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
@@ -404,6 +477,7 @@ class CheckpointCoordinator:
             created_at_ms=int(self._clock() * 1000), committed=committed)
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
+        self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
@@ -426,6 +500,7 @@ class CheckpointCoordinator:
         """Rewrite a record completed before Spark's commit was known as committed (under
         the lock; the checkpoint before it may be subsumed now: collect afterwards)."""
         record = replace(record, committed=True)
+        self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self._registry = self._registry.mark_committed(record.checkpoint_id)
         return record
@@ -703,6 +778,7 @@ class CheckpointCoordinator:
         """
         report = GcReport()
         with self._lock:
+            self._act_as_owner()
             latest = self._registry.latest_id
             if latest is None:
                 return report
@@ -800,8 +876,9 @@ class CheckpointCoordinator:
 
     # --- rebuild ------------------------------------------------------------------------
 
-    def rebuild(self) -> SharedStateRegistry:
-        """Derive the registry from the durable records and pins, then finish pending work.
+    def rebuild(self, *, collect: bool = True) -> SharedStateRegistry:
+        """Derive the registry from the durable records and pins, then finish pending work
+        (unless ``collect`` is False).
 
         Reads ``_checkpoints/`` (the records), ``_pins/`` and the sweep watermark, and the
         manifests the records name. A record written but not applied before a crash is
@@ -859,7 +936,7 @@ class CheckpointCoordinator:
             self._published.clear()
             self._listings.clear()
             reg = self._registry
-        if records:
+        if records and collect:
             self._after_change()
         return reg
 

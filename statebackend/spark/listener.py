@@ -20,6 +20,8 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from ..errors import WriterFencedError
+
 log = logging.getLogger("statebackend.listener")
 
 # How long removal waits for a callback that is already running (completing a checkpoint
@@ -101,7 +103,8 @@ class _SessionListener(StreamingQueryListener):
             self._idle.notify_all()
 
     def _complete_all(self, up_to: int | None = None,
-                      observed: frozenset[str] | None = None) -> None:
+                      observed: frozenset[str] | None = None,
+                      run_id: str | None = None) -> None:
         """Complete every backend's checkpoints; given ``observed`` (the observed-metric
         names of a progress event), only those of the operators the event's query runs,
         as committed up to ``up_to``: another query's progress says nothing of them."""
@@ -114,7 +117,9 @@ class _SessionListener(StreamingQueryListener):
                     continue
                 for op in backend.operator_ids():
                     if observation_name(backend.checkpoint_location, op) in observed:
-                        backend.complete(op, up_to=up_to)
+                        backend.complete(op, up_to=up_to, run_id=run_id)
+            except WriterFencedError as exc:  # the query's own tasks fail on it too
+                log.error("statebackend: %s", exc)
             except Exception:  # a listener must never kill the listener bus
                 log.exception("statebackend: completing checkpoints of %s failed (will retry "
                               "next batch)", backend.checkpoint_location)
@@ -137,8 +142,9 @@ class _SessionListener(StreamingQueryListener):
             progress = getattr(event, "progress", None)
             batch = getattr(progress, "batchId", None)
             observed = frozenset(getattr(progress, "observedMetrics", None) or ())
+            run = getattr(progress, "runId", None)
             if batch is not None:
-                self._complete_all(int(batch), observed)
+                self._complete_all(int(batch), observed, None if run is None else str(run))
         finally:
             self._exit()
 

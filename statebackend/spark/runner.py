@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..checkpoint.fencing import claim
 from ..checkpoint.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
@@ -50,12 +51,15 @@ from .task import (
     group_by_key,
     kg_range_of,
     local_root,
+    run_identity,
     task_identity,
 )
 
 log = logging.getLogger("statebackend.runner")
 
 _STORES: dict[tuple, Any] = {}
+# (location, operator, run id) -> the writer epoch this process's tasks of that run hold
+_EPOCHS: dict[tuple[str, str, str], int] = {}
 
 
 def root_store(config: OperatorConfig):
@@ -71,6 +75,29 @@ def root_store(config: OperatorConfig):
                           storage_options=config.storage_options or None)
         store = _STORES[key] = root
     return store
+
+
+def writer_epoch(config: OperatorConfig, store) -> int | None:
+    """The writer epoch this task's run holds on the operator's location, taken by the
+    run's first task in this process (:func:`~statebackend.checkpoint.fencing.claim`: a
+    listing and a few small reads, once per run and process); None without fencing.
+    Publication then proves it still owns the location (one HEAD per checkpoint).
+
+    Raises
+    ------
+    StateLocationInUseError
+        Another streaming query owns the location (before anything is restored or written).
+    WriterFencedError
+        A newer run of the same query took the location over.
+    """
+    if not config.options.fencing:
+        return None
+    query_id, run_id = run_identity(config)
+    key = (config.checkpoint_location, config.operator_id, run_id)
+    epoch = _EPOCHS.get(key)
+    if epoch is None:
+        epoch = _EPOCHS[key] = claim(store, query_id, run_id).epoch
+    return epoch
 
 
 def resolve_base(store, partition: int, checkpoint_id: int,
@@ -285,6 +312,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         root, config.operator_id, partition, config.options, local_root(config.options),
         open_instance=open_instance,
         working_dir_name=resident_dir_name() if resident is not None else WORK_DIR)
+    # taken before the restore: another query is refused before anything is touched
+    checkpointer.writer_epoch = writer_epoch(config, store)
     counts0 = root.request_counts()
     restored = obtain_instance(config, store, checkpointer, checkpoint_id, open_instance,
                                resident)

@@ -38,6 +38,10 @@ log = logging.getLogger("statebackend.task")
 
 PTIME_COL = "__sb_ptime"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# Spark sets both on every job of a streaming query: its id (kept in the query's checkpoint,
+# the same across restarts) and, as the job group, the id of this start of it
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 # every column our plan adds to the user's input
 ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
 # map_in_pandas: rows per frame handed to the function (at least; see TaskInput.chunks).
@@ -57,6 +61,7 @@ class OperatorConfig:
     parallelism: int
     key: KeySpec
     epoch: int | None = None  # batch jobs: the checkpoint id of this run
+    run_id: str | None = None  # batch jobs: the writer identity of this run (fencing)
     watermark: tuple[str, int] | None = None  # (event-time column, delay ms)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -208,6 +213,22 @@ def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
             f"with other data in the same stage. Call .repartition() on the operator's output "
             f"before the union so it runs in a stage of its own.")
     return checkpoint_id, partition, attempt
+
+
+def run_identity(config: OperatorConfig) -> tuple[str | None, str]:
+    """(query id, run id) of the running task's writer (:mod:`statebackend.checkpoint.fencing`):
+    Spark's for a streaming query, (None, the id the driver gave this run) for a batch one."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    query_id = tc.getLocalProperty(QUERY_ID_PROPERTY) if tc is not None else None
+    run_id = tc.getLocalProperty(RUN_ID_PROPERTY) if tc is not None else None
+    if query_id is not None and run_id:
+        return query_id, run_id
+    if config.run_id is None:
+        raise StateBackendError("no streaming query id and no run id: run through "
+                                "RocksDBStateBackend")
+    return None, config.run_id
 
 
 def check_rows_belong(kg: np.ndarray, kg_range, partition: int) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import FencingUnsupportedError, StorageError
 from .accounting import RequestCounts
 
 
@@ -111,6 +111,28 @@ class DurableStore(ABC):
     def sizes(self, paths: Sequence[str]) -> list[int | None]:
         """:meth:`size` of each path, in parallel where the store can; in input order."""
         return [self.size(p) for p in paths]
+
+    @property
+    def supports_exclusive_create(self) -> bool:
+        """Whether :meth:`create_exclusive` is a real compare-and-set on this store."""
+        return False
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` only if no file is there: a compare-and-set
+        the store itself arbitrates (``O_EXCL``/``link`` locally, ``If-None-Match: *`` on
+        S3). Returns True when this call created it, False when it existed (after a lost
+        answer and a retry that may be our own earlier try: compare the content).
+
+        Raises
+        ------
+        FencingUnsupportedError
+            The store offers no such primitive.
+        """
+        raise FencingUnsupportedError(
+            f"{type(self).__name__} at {self.root} offers no atomic create-if-absent, so "
+            f"one writer per state location cannot be enforced; use a local directory, "
+            f"memory:// or s3://, or pass StateBackendOptions(fencing=False) to run without "
+            f"fencing (then never let two queries write one location)")
 
     def child(self, prefix: str) -> DurableStore:
         """A store rooted at ``<root>/<prefix>`` (sharing connections when possible)."""

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from ..checkpoint.manifest import check_relative
 from ..errors import StorageError, TransientStorageError, UnsafePathError
@@ -31,6 +32,8 @@ from .base import DurableStore, StoreFileNotFoundError, Transfer, _expand_get
 from .checksum import bytes_crc32, file_crc32
 
 log = logging.getLogger(__name__)
+
+_MEMORY_CREATE_LOCK = threading.Lock()
 
 T = TypeVar("T")
 _Job = tuple[Callable[..., Transfer], tuple[Any, ...], dict[str, Any]]
@@ -362,6 +365,34 @@ class FsspecStore(DurableStore):
                                             f"bytes, found {got}")
 
         self._retry(f"publication of {path}", once, path)
+
+    @property
+    def supports_exclusive_create(self) -> bool:
+        return (self.atomic_rename or self.fs.exclusive_put
+                or isinstance(_innermost(self.fs), MemoryFileSystem))
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        if not self.supports_exclusive_create:
+            return super().create_exclusive(path, data)
+        full = self.full_path(path)
+        memory = isinstance(_innermost(self.fs), MemoryFileSystem)
+
+        def once(_attempt: int) -> bool:
+            try:
+                if self.atomic_rename:
+                    self._put_local_atomic(None, full, overwrite=False, data=data)
+                elif memory:
+                    # the memory filesystem checks and writes in two steps: one process
+                    # holds all of it, so a lock makes the pair atomic
+                    with _MEMORY_CREATE_LOCK:
+                        self.fs.pipe_file(full, data, mode="create")
+                else:
+                    self.fs.pipe_file(full, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        return self._retry(f"exclusive creation of {path}", once, path)
 
     def get_bytes(self, path: str) -> bytes:
         full = self.full_path(path)
