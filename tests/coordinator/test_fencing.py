@@ -1,0 +1,267 @@
+"""One writer per state location: writer epochs, takeover, refusal, and two writers that
+interleave on every filesystem kind (local, memory, S3 on moto)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coordsim import FaultStore, all_files
+
+from statebackend.checkpoint import PartitionCheckpointer, StateDescriptor
+from statebackend.checkpoint.fencing import (
+    check_owner,
+    claim,
+    latest_writer,
+    list_epochs,
+)
+from statebackend.checkpoint.manifest import PartitionManifest
+from statebackend.coordinator import CheckpointCoordinator
+from statebackend.errors import (
+    FencingUnsupportedError,
+    StateLocationInUseError,
+    WriterFencedError,
+)
+from statebackend.options import StateBackendOptions
+from statebackend.storage import open_store, read_manifest
+from statebackend.storage.base import DurableStore
+
+OP = "op"
+QUERY = "query-1"
+STATES = (StateDescriptor("count", "value", value_schema="c long"),)
+
+
+@pytest.fixture
+def store(store_url: tuple[str, dict[str, Any]]) -> DurableStore:
+    url, options = store_url
+    return open_store(f"{url.rstrip('/')}/{uuid.uuid4().hex[:8]}", retries=0,
+                      storage_options=options)
+
+
+# --- the epoch protocol ------------------------------------------------------------------
+
+
+def test_a_restart_takes_over_a_zombie_is_fenced_another_query_is_refused(
+        store: DurableStore) -> None:
+    ostore = store.child(OP)
+    first = claim(ostore, QUERY, "run-a")
+    assert first.epoch == 1
+    assert claim(ostore, QUERY, "run-a") == first  # its other tasks: the same epoch
+    check_owner(ostore, 1)
+
+    second = claim(ostore, QUERY, "run-b")  # a restart of the same query
+    assert second.epoch == 2
+    with pytest.raises(WriterFencedError, match="epoch 2") as fenced:
+        check_owner(ostore, 1)
+    assert fenced.value.newer.run_id == "run-b"
+    # the zombie's next task (a worker that never claimed) is refused too, and takes nothing
+    with pytest.raises(WriterFencedError, match="run-b"):
+        claim(ostore, QUERY, "run-a")
+    with pytest.raises(StateLocationInUseError, match=QUERY) as refused:
+        claim(ostore, "query-2", "run-x")
+    assert refused.value.owner.run_id == "run-b"
+    assert list_epochs(ostore) == [1, 2]
+    assert latest_writer(ostore) == second
+    check_owner(ostore, 2)
+
+
+def test_concurrent_claims_of_one_run_share_an_epoch_and_of_many_runs_take_one_each(
+        store: DurableStore) -> None:
+    ostore = store.child(OP)
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def take(run: str) -> None:
+        try:
+            got.append(claim(ostore, QUERY, run).epoch)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=take, args=("run-a",)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and set(got) == {1}
+    assert list_epochs(ostore) == [1]
+    got.clear()
+    threads = [threading.Thread(target=take, args=(f"run-{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # each run got an epoch of its own; some may have been fenced by a later one already,
+    # which is a correct answer too (they raced, the newest wins)
+    assert len(set(got)) == len(got)
+    assert all(isinstance(e, WriterFencedError) for e in errors)
+    assert len(got) + len(errors) == 4
+    assert list_epochs(ostore) == list(range(1, len(got) + 2))
+
+
+def test_a_store_without_compare_and_set_is_refused_with_the_opt_out_named(
+        store: DurableStore) -> None:
+    no_cas = FaultStore(store)  # a store that offers no create-if-absent
+    with pytest.raises(FencingUnsupportedError, match="fencing=False"):
+        claim(no_cas, QUERY, "run-a")
+
+
+# --- two writers on one location -----------------------------------------------------------
+
+
+class Writer:
+    """One run of the query: its own local dir, its own coordinator bound to its run,
+    tasks that take the run's epoch and publish under it."""
+
+    def __init__(self, store: DurableStore, tmp: Path, run: str, query: str = QUERY) -> None:
+        self.store, self.run, self.query = store, run, query
+        self.local = str(tmp / run)
+        self.coord = CheckpointCoordinator(store, OP, 1, 8, num_retained=2)
+        self.coord.bind_writer(run)
+
+    def task(self, n: int, rows: dict[bytes, bytes]) -> PartitionManifest:
+        """Batch ``n`` of the one partition: restore n-1 as completed (or published), put
+        ``rows``, checkpoint n."""
+        ostore = self.store.child(OP)
+        epoch = claim(ostore, self.query, self.run).epoch
+        cp = PartitionCheckpointer(self.store, OP, 0,
+                                   StateBackendOptions(checkpoint_mode="incremental",
+                                                       max_parallelism=8),
+                                   self.local, writer_epoch=epoch)
+        base = None
+        if n > 0:
+            from statebackend.storage.manifests import read_completed_record
+
+            rec = read_completed_record(ostore, n - 1)
+            assert rec is not None, f"checkpoint {n - 1} not completed"
+            base = read_manifest(ostore, rec.manifests[0])
+        inst, _ = cp.restore(base)
+        try:
+            inst.write({"default": rows})
+            m, _ = cp.checkpoint(inst, n, f"{self.run}-{uuid.uuid4().hex[:6]}", (0, 7),
+                                 STATES)
+        finally:
+            inst.close()
+        return m
+
+
+def state_of(store: DurableStore, tmp: Path, checkpoint_id: int) -> dict[bytes, bytes]:
+    coord = CheckpointCoordinator(store, OP, 1, 8, num_retained=2, fencing=False)
+    point = coord.restore(checkpoint_id)
+    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(max_parallelism=8),
+                               str(tmp / f"reader-{uuid.uuid4().hex[:6]}"))
+    inst, _ = cp.restore(point.manifests[0])
+    try:
+        return dict(inst.scan_range("default", b"", None))
+    finally:
+        inst.close()
+
+
+def referenced_files_exist(store: DurableStore) -> list[str]:
+    """Paths that a retained checkpoint references but the store lacks."""
+    coord = CheckpointCoordinator(store, OP, 1, 8, num_retained=2, fencing=False)
+    missing = []
+    for info in coord.list_completed():
+        for m in coord.restore(info.checkpoint_id, verify=False).manifests.values():
+            missing += [f.path for f in m.files if store.size(f"{OP}/{f.path}") != f.size]
+    return missing
+
+
+def rows(n: int) -> dict[bytes, bytes]:
+    return {b"k%d" % n: b"v%d" % n, b"shared": b"%d" % n}
+
+
+@pytest.mark.slow
+def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
+        store: DurableStore, tmp_path: Path) -> None:
+    a = Writer(store, tmp_path, "run-a")
+    for n in range(4):
+        a.task(n, rows(n))
+        assert a.coord.try_complete(n) is not None
+    # the same query started again elsewhere, while run a still runs (a zombie driver)
+    b = Writer(store, tmp_path, "run-b")
+    expected: dict[bytes, bytes] = {}
+    for n in range(4):
+        expected.update(rows(n))
+    for n in range(4, 9):
+        # the zombie's task of batch n runs first, then the new run's
+        if n == 4:
+            a.task(4, rows(4))  # published before run b took over: a valid attempt
+        else:
+            with pytest.raises(WriterFencedError, match="run-b"):
+                a.task(n, rows(n))
+        b.task(n, rows(n))
+        expected.update(rows(n))
+        assert b.coord.try_complete(n) is not None
+        # the zombie's driver sees the micro-batch end too: refused, deletes nothing
+        before = all_files(store)
+        with pytest.raises(WriterFencedError, match="run-b"):
+            a.coord.try_complete(n)
+        with pytest.raises(WriterFencedError):
+            a.coord.collect_garbage()
+        assert all_files(store) >= before
+        assert referenced_files_exist(store) == []
+    # the new run's attempt of batch 4 won over the zombie's (newest epoch first)
+    rec4 = read_manifest(store.child(OP), b.coord.restore(8).record.manifests[0])
+    assert rec4.writer_epoch == 2
+    assert state_of(store, tmp_path, 8) == expected
+
+
+@pytest.mark.slow
+def test_a_zombie_that_wakes_after_the_new_writer_completed_deletes_nothing(
+        store: DurableStore, tmp_path: Path) -> None:
+    a = Writer(store, tmp_path, "run-a")
+    for n in range(3):
+        a.task(n, rows(n))
+        a.coord.try_complete(n)
+    b = Writer(store, tmp_path, "run-b")
+    for n in range(3, 7):
+        b.task(n, rows(n))
+        b.coord.try_complete(n)
+    files = all_files(store)
+    # run a wakes: its coordinator still believes checkpoint 2 is the latest, and its
+    # retention would delete what run b's checkpoints reuse
+    for step in (lambda: a.coord.try_complete(3), a.coord.collect_garbage,
+                 lambda: a.task(3, rows(3))):
+        with pytest.raises(WriterFencedError, match="epoch 2"):
+            step()
+    assert all_files(store) == files
+    assert referenced_files_exist(store) == []
+    assert state_of(store, tmp_path, 6) == {k: v for n in range(7) for k, v in rows(n).items()}
+
+
+def test_an_unbound_coordinator_follows_the_new_writer_and_rebuilds_first(
+        store: DurableStore, tmp_path: Path) -> None:
+    # a coordinator that acts for no run in particular (a restart's planning, a manual
+    # complete()) created before the takeover: it reads the records again, so its
+    # retention never counts on a registry the other writer changed
+    a = Writer(store, tmp_path, "run-a")
+    for n in range(2):
+        a.task(n, rows(n))
+        a.coord.try_complete(n)
+    planner = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
+    b = Writer(store, tmp_path, "run-b")
+    for n in range(2, 5):
+        b.task(n, rows(n))
+        b.coord.try_complete(n)
+    b.task(5, rows(5))
+    assert planner.try_complete(5) is not None
+    assert planner.latest().checkpoint_id == 5
+    assert referenced_files_exist(store) == []
+    assert state_of(store, tmp_path, 5) == {k: v for n in range(6) for k, v in rows(n).items()}
+
+
+def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
+        store: DurableStore, tmp_path: Path) -> None:
+    a = Writer(store, tmp_path, "run-a")
+    a.task(0, rows(0))
+    a.coord.try_complete(0)
+    files = all_files(store)
+    other = Writer(store, tmp_path, "run-x", query="query-2")
+    with pytest.raises(StateLocationInUseError, match="another streaming query"):
+        other.task(1, rows(1))
+    assert all_files(store) == files
+    a.task(1, rows(1))
+    assert a.coord.try_complete(1) is not None
