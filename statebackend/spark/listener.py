@@ -16,9 +16,12 @@ import atexit
 import hashlib
 import logging
 import threading
+import traceback
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
+
+from ..redact import redact_text, redact_url
 
 log = logging.getLogger("statebackend.listener")
 
@@ -116,8 +119,10 @@ class _SessionListener(StreamingQueryListener):
                     if observation_name(backend.checkpoint_location, op) in observed:
                         backend.complete(op, up_to=up_to)
             except Exception:  # a listener must never kill the listener bus
-                log.exception("statebackend: completing checkpoints of %s failed (will retry "
-                              "next batch)", backend.checkpoint_location)
+                # the traceback may quote the location: redact it as the location itself
+                log.error("statebackend: completing checkpoints of %s failed (will retry "
+                          "next batch)\n%s", redact_url(backend.checkpoint_location),
+                          redact_text(traceback.format_exc(), backend.checkpoint_location))
 
     def onQueryStarted(self, event: Any) -> None:
         if not self._enter():
