@@ -26,6 +26,12 @@ _INLINE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/:@]*
                      r"(?P<password>[^\s/]*)@")
 
 
+# user:password@host without a scheme, as a filesystem's root keeps it after stripping
+# ``memory://`` (``/user:password@host/x``): after a separator, followed by a host
+_BARE = re.compile(r"(?P<scheme>(?:^|(?<=[\s/'\"(=])))(?P<user>[^\s/:@'\"()]+):"
+                   r"(?P<password>[^\s/'\"]+)@(?=[^\s/@'\"]+)")
+
+
 def _mask(m: re.Match[str]) -> str:
     return f"{m.group('scheme')}{m.group('user')}:{MASK}@"
 
@@ -44,7 +50,8 @@ def redact_url(url: object) -> str:
 
 
 def redact_text(text: object, *urls: str) -> str:
-    """``text`` with every inline URL password replaced by ``***``.
+    """``text`` with every inline URL password replaced by ``***``, also where the scheme
+    was stripped (``/user:password@host/...``).
 
     Parameters
     ----------
@@ -55,7 +62,7 @@ def redact_text(text: object, *urls: str) -> str:
         scheme, so ``memory://u:pw@h/x`` becomes the root ``/u:pw@h/x``): their
         ``:password@`` is masked wherever it appears.
     """
-    out = _INLINE.sub(_mask, str(text))
+    out = _BARE.sub(_mask, _INLINE.sub(_mask, str(text)))
     for url in urls:
         secret = url_password(url)
         if secret:

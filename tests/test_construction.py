@@ -175,3 +175,30 @@ def test_the_listener_log_line_hides_credentials(caplog) -> None:
         listener._complete_all()
     assert "cannot reach" in caplog.text and "u:***@h" in caplog.text
     assert SECRET not in caplog.text
+
+
+def test_every_error_of_the_package_redacts_credentials_it_quotes() -> None:
+    import traceback
+
+    from statebackend.errors import CorruptStateError, StateError, StorageError
+
+    for exc in (CorruptStateError(f"cannot be restored from /u:{SECRET}@h/x/op",
+                                  path="chk-1/p0/a/000001.sst"),
+                StorageError(f"read of memory://u:{SECRET}@h/x failed"),
+                StateError(f"state at /u:{SECRET}@h/x")):
+        try:
+            raise exc
+        except Exception:  # noqa: BLE001 - what a log line or a traceback shows
+            shown = traceback.format_exc() + str(exc) + repr(exc)
+        assert SECRET not in shown and "u:***@h/x" in shown
+
+
+def test_the_cli_redacts_a_root_rewritten_by_the_filesystem(capsys) -> None:
+    from statebackend.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    capsys.readouterr()
+    code = main(["describe", f"memory://u:{SECRET}@h/x", "op"])
+    err = capsys.readouterr().err
+    assert code == 3 and SECRET not in err and "u:***@h" in err
