@@ -80,6 +80,8 @@ class RocksDBStateBackend:
                                            or not from_savepoint):
             raise OptionsError("from_savepoint", from_savepoint,
                                "from_savepoint is a savepoint name or the URL of its directory")
+        if from_savepoint is not None and ("/" in from_savepoint or ":" in from_savepoint):
+            check_location(from_savepoint, "from_savepoint")  # a URL: its protocol too
         self.checkpoint_location = checkpoint_location
         # Operators without state yet start from this savepoint (a name under each
         # operator's _savepoints/, or the URL of one savepoint directory).

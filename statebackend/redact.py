@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["MASK", "redact_options", "redact_text", "redact_url", "url_password"]
+__all__ = ["MASK", "redact_nested", "redact_options", "redact_text", "redact_url",
+           "url_password"]
 
 MASK = "***"
 
@@ -78,3 +79,17 @@ def redact_options(options: Mapping[str, object] | None) -> str:
         return f"<{type(options).__name__}>"
     return "{" + ", ".join(f"{k!r}: {MASK}" for k in sorted(map(str, options))) + "}"
 
+
+
+def redact_nested(value: object) -> object:
+    """A copy of ``value`` (nested dicts, lists, tuples, strings) fit to print: every
+    ``storage_options`` entry summarised by :func:`redact_options`, every string through
+    :func:`redact_text`."""
+    if isinstance(value, Mapping):
+        return {k: (redact_options(v) if k == "storage_options" and isinstance(v, Mapping)
+                    else redact_nested(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_nested(v) for v in value)
+    if isinstance(value, str):
+        return redact_text(value)
+    return value

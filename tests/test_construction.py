@@ -87,6 +87,13 @@ def test_a_protocol_whose_package_is_missing_is_refused_at_construction() -> Non
         RocksDBStateBackend("gcs://bucket/state")
 
 
+def test_a_savepoint_url_with_an_unknown_protocol_is_refused_at_construction(tmp_path) -> None:
+    with pytest.raises(OptionsError, match="from_savepoint"):
+        RocksDBStateBackend(str(tmp_path), from_savepoint=f"bogus://u:{SECRET}@h/sp")
+    RocksDBStateBackend(str(tmp_path), from_savepoint="memory://h/sp")
+    RocksDBStateBackend(str(tmp_path), from_savepoint="before-upgrade")  # a name
+
+
 @pytest.mark.parametrize("url", ["memory://state/x", "file:///tmp/x", "/tmp/x", "relative/dir",
                                  "simplecache::memory://x"])
 def test_known_locations_are_accepted(url) -> None:
@@ -135,9 +142,14 @@ def _config(url: str) -> OperatorConfig:
 
 def test_operator_config_repr_hides_storage_options_and_credentials() -> None:
     cfg = _config(f"s3://AKIA:{SECRET}@bucket/state")
+    # a savepoint to start from carries its own location and storage options
+    cfg.extra["from_savepoint"] = {"url": f"s3://AKIA:{SECRET}@bucket/sp",
+                                   "storage_options": {"key": SECRET}}
+    cfg.extra["ticks"] = True
     text = repr(cfg) + str(cfg)
     assert SECRET not in text
     assert "s3://AKIA:***@bucket/state" in text and "'secret': ***" in text
+    assert "s3://AKIA:***@bucket/sp" in text and "'ticks': True" in text
     assert cfg.max_parallelism == DEFAULT_MAX_PARALLELISM
 
 

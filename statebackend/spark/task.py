@@ -31,7 +31,7 @@ from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
-from ..redact import redact_options, redact_url
+from ..redact import redact_nested, redact_options, redact_url
 from .executor import current_executor_id
 from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
@@ -71,7 +71,7 @@ class OperatorConfig:
                 f"{redact_url(self.checkpoint_location)!r}, storage_options="
                 f"{redact_options(self.storage_options)}, options={self.options!r}, "
                 f"parallelism={self.parallelism!r}, key={self.key!r}, epoch={self.epoch!r}, "
-                f"watermark={self.watermark!r}, extra={self.extra!r})")
+                f"watermark={self.watermark!r}, extra={redact_nested(self.extra)!r})")
 
 
 @dataclass
