@@ -87,8 +87,10 @@ def test_a_manifest_missing_one_sst_entry_is_reported_as_restore_refuses_it(
     store = open_store(os.path.join(url, "op"))
     with pytest.raises(Exception, match=sst):
         open_checkpoint(store, m, os.path.join(url, "..", "restore-try")).close()
-    # and read says so with a typed error and exit 1, no traceback
+    # and read and savepoint say so with a typed error and exit 1, no traceback
     code, _, err = cli(capsys, "read", url, "op", "-o", "-", "--key-types", "string")
+    assert code == 1 and "CorruptStateError" in err and f"checkpoint {n} partition {p}" in err
+    code, _, err = cli(capsys, "savepoint", url, "op")
     assert code == 1 and "CorruptStateError" in err and f"checkpoint {n} partition {p}" in err
 
 
