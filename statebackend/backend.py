@@ -23,7 +23,14 @@ from pyspark.sql.types import StructType
 from .checkpoint.manifest import check_component
 from .errors import IncompatibleStateError, OptionsError
 from .metrics import record_checkpoint
-from .options import StateBackendOptions, default_max_parallelism
+from .options import (
+    StateBackendOptions,
+    check_location,
+    check_storage_options,
+    coerce_options,
+    default_max_parallelism,
+)
+from .redact import redact_options, redact_url
 from .spark import plan
 from .spark.executor import DRIVER_ID
 from .spark.group_state import check_timeout_conf, run_group_function
@@ -47,31 +54,50 @@ class RocksDBStateBackend:
     checkpoint_location : str
         Root of the durable checkpoints. Each operator gets a sub-directory named by its
         ``operator_id``.
-    options : StateBackendOptions, optional
+    options : StateBackendOptions or mapping, optional
         Tuning; defaults are read from the active session's ``spark.statebackend.*`` conf.
-    storage_options : dict, optional
-        Passed to fsspec (credentials, endpoint) for remote locations.
+        A mapping of option names (``{"num_retained": 5}``) or of Spark keys
+        (``{"spark.statebackend.num-retained": "5"}``) is converted at once.
+    storage_options : mapping, optional
+        Passed to fsspec (credentials, endpoint) for remote locations; never printed.
+
+    Raises
+    ------
+    OptionsError
+        At construction: an unknown or misspelled option, a value out of range, storage
+        options that are not a mapping, or a location whose protocol fsspec does not know
+        (or whose filesystem package is not installed).
     """
 
     def __init__(self, checkpoint_location: str, options: StateBackendOptions | None = None,
                  storage_options: dict[str, Any] | None = None, *,
                  from_savepoint: str | None = None) -> None:
-        if not isinstance(checkpoint_location, str) or not checkpoint_location:
-            raise OptionsError("checkpoint_location", checkpoint_location,
-                               "checkpoint_location must be a non-empty path or fsspec URL")
+        # Everything is checked here, not at the first batch: an unknown protocol, storage
+        # options that are not a mapping, an options dict with a misspelled key.
+        check_location(checkpoint_location)
+        options = coerce_options(options)
+        storage_options = check_storage_options(storage_options)
         if from_savepoint is not None and (not isinstance(from_savepoint, str)
                                            or not from_savepoint):
             raise OptionsError("from_savepoint", from_savepoint,
                                "from_savepoint is a savepoint name or the URL of its directory")
+        if from_savepoint is not None and ("/" in from_savepoint or ":" in from_savepoint):
+            check_location(from_savepoint, "from_savepoint")  # a URL: its protocol too
         self.checkpoint_location = checkpoint_location
         # Operators without state yet start from this savepoint (a name under each
         # operator's _savepoints/, or the URL of one savepoint directory).
         self.from_savepoint = from_savepoint
         self._explicit_options = options
-        self.storage_options = dict(storage_options or {})
+        self.storage_options = storage_options
         self._coordinators: dict[str, Any] = {}
         self._options: StateBackendOptions | None = None
         self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        # storage options hold credentials, and a location may too: never print them
+        return (f"RocksDBStateBackend({redact_url(self.checkpoint_location)!r}, "
+                f"options={self._explicit_options!r}, "
+                f"storage_options={redact_options(self.storage_options)})")
 
     # --- pickling: only configuration ships to executors --------------------------------
 

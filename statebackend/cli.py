@@ -2,7 +2,7 @@
 
     statebackend list     URL [OPERATOR]              operators, or an operator's checkpoints
     statebackend describe URL OPERATOR [ID]            partitions, files, shared/private bytes
-    statebackend verify   URL OPERATOR [ID]            every file there, right size and CRC32
+    statebackend verify   URL OPERATOR [ID] [--deep]   what a restore checks (statebackend.verify)
     statebackend gc       URL OPERATOR --dry-run       what retention would delete
     statebackend read     URL OPERATOR -o out.parquet  dump state to Parquet or CSV
     statebackend metrics  URL OPERATOR                 per-checkpoint metrics (JSON lines)
@@ -18,8 +18,26 @@ writes to the store except ``gc`` without ``--dry-run``, ``savepoint`` and
 (``verify``, ``read``, ``gc``, ``savepoint``, ``migrate-savepoint``) redraw a progress line on
 stderr when it is a terminal (:mod:`statebackend.progress`); ``-q``/``--quiet`` hides it.
 
-Exit codes: 0 success; 1 ``verify`` found missing or corrupt files; 2 bad usage;
-3 no such operator or checkpoint; 4 storage failure or unreadable state; 130 interrupted.
+``verify`` checks each retained checkpoint as a restore would (:mod:`statebackend.verify`):
+the manifests belong where the record puts them and their key-group ranges tile; every
+referenced file, also those reused from older checkpoints, has its size and CRC32; the
+SST files RocksDB's own MANIFEST needs are all listed; changelogs follow without a gap.
+``--deep`` also downloads each partition, opens it and reads every entry back.
+
+Exit codes (every command):
+
+    0    success
+    1    problems found: ``verify`` found some, or ``read``/``savepoint`` met a damaged
+         checkpoint (CorruptStateError)
+    2    bad usage: missing or malformed arguments, a number out of range, an unknown URL
+         protocol, ``--storage-options`` that is not a JSON object
+    3    no such operator, checkpoint, state or partition, including a URL with no state
+    4    storage failure (unreachable store, permissions, a name that already exists)
+    130  interrupted
+
+No input ends in a traceback: failures are one line on stderr. URL credentials
+(``scheme://user:secret@host``) are redacted from every message, and storage options are
+never printed.
 """
 
 from __future__ import annotations
@@ -30,9 +48,7 @@ import json
 import os
 import re
 import sys
-import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
 from .checkpoint.manifest import (
@@ -40,19 +56,25 @@ from .checkpoint.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
     check_component,
-    completed_record_path,
 )
-from .errors import CheckpointNotFoundError, OptionsError, StateBackendError, StorageError
+from .errors import (
+    CheckpointNotFoundError,
+    CorruptStateError,
+    OptionsError,
+    StateBackendError,
+    StateError,
+    StorageError,
+)
 from .progress import Progress, ProgressFn
 from .progress import format_bytes as _size
+from .redact import redact_text
 from .storage.base import DurableStore, StoreFileNotFoundError, Transfer
-from .storage.checksum import crc32_stream
+from .verify import Problem, read_records, verify_checkpoints
 
 __all__ = ["main", "Problem", "RecordingStore", "run_gc", "verify_checkpoints"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_ERROR = 0, 1, 2, 3, 4
 
-_RECORD = re.compile(r"^chk-(\d+)\.json$")
 _PIN = re.compile(r"^chk-(\d+)$")
 
 
@@ -76,17 +98,7 @@ def _table(rows: list[list[Any]], header: list[str], out: TextIO) -> None:
 # --- reading the operator's records (read-only; no coordinator, which would delete) ------
 
 
-def _records(store: DurableStore, op: str) -> dict[int, CompletedCheckpoint]:
-    out = {}
-    for rel in store.list_dir(f"{op}/{CHECKPOINTS_DIR}"):
-        m = _RECORD.match(rel.rsplit("/", 1)[-1])
-        if m and rel == f"{op}/{completed_record_path(int(m.group(1)))}":
-            try:
-                out[int(m.group(1))] = CompletedCheckpoint.from_json(store.get_bytes(rel),
-                                                                     where=rel)
-            except FileNotFoundError:
-                continue  # discarded by a running coordinator between listing and reading
-    return dict(sorted(out.items()))
+_records = read_records
 
 
 def _pins(store: DurableStore, op: str) -> set[int]:
@@ -143,101 +155,6 @@ def _operators(store: DurableStore) -> list[str]:
         if fs.exists(f"{root}/{name}/{CHECKPOINTS_DIR}"):
             out.append(name)
     return sorted(out)
-
-
-# --- verify -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing ``verify`` found wrong."""
-
-    checkpoint_id: int
-    partition: int | None
-    path: str  # relative to the operator root
-    what: str  # missing | size | checksum | manifest
-
-    def __str__(self) -> str:
-        where = f"checkpoint {self.checkpoint_id}" + (
-            f" partition {self.partition}" if self.partition is not None else "")
-        return f"{where}: {self.path}: {self.what}"
-
-
-def _checksum(store: DurableStore, path: str) -> str:
-    fs = getattr(store, "fs", None)
-    full = getattr(store, "full_path", None)
-    if fs is not None and full is not None:
-        # Stream once, without the store's retries: a wrong checksum is an answer here.
-        with fs.open(full(path), "rb") as fh:
-            return crc32_stream(fh)[1]
-    with tempfile.TemporaryDirectory() as d:
-        return store.get_file(path, os.path.join(d, "f")).checksum
-
-
-def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[int] | None = None,
-                       *, checksums: bool = True, progress: ProgressFn | None = None
-                       ) -> tuple[list[Problem], int, int]:
-    """Check that every file the chosen manifests reference exists with its recorded size
-    (and CRC32 when ``checksums``). A file shared by several checkpoints is read once.
-    ``progress(files, total_files, bytes, total_bytes)`` is called after each file.
-
-    Returns
-    -------
-    tuple of (list of Problem, int, int)
-        The problems, the number of distinct files checked and their recorded bytes.
-    """
-    from .storage.manifests import read_manifest, read_manifests
-
-    records = _records(store, op)
-    if checkpoint_ids is None:
-        checkpoint_ids = list(records)
-    if not records:
-        raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
-                                      f"{store.root}")
-    problems: list[Problem] = []
-    todo: dict[str, tuple[int, int, Any]] = {}
-    for n in checkpoint_ids:
-        if n not in records:
-            raise CheckpointNotFoundError(f"checkpoint {n} of {op!r} is not a retained "
-                                          f"completed checkpoint; retained: {sorted(records)}")
-        items = sorted(records[n].manifests.items())
-        try:  # in parallel; one by one only to tell which manifest is bad
-            ms: list[Any] = read_manifests(store, [rel for _, rel in items], operator_id=op)
-        except StateBackendError:
-            ms = []
-            for _p, rel in items:
-                try:
-                    ms.append(read_manifest(store, rel, operator_id=op))
-                except StateBackendError as exc:
-                    ms.append(exc)
-        for (p, rel), m in zip(items, ms):
-            if isinstance(m, StateBackendError):
-                problems.append(Problem(n, p, rel, f"manifest unreadable ({m})"))
-                continue
-            for f in m.files:
-                todo.setdefault(f.path, (n, p, f))
-    done = done_bytes = 0
-    total_bytes = sum(f.size for _, _, f in todo.values())
-    ordered = sorted(todo.items())
-    sizes = store.sizes([f"{op}/{path}" for path, _ in ordered])  # in parallel
-    for (path, (n, p, f)), got in zip(ordered, sizes):
-        if got is None:
-            problems.append(Problem(n, p, path, "missing"))
-        elif got != f.size:
-            problems.append(Problem(n, p, path, f"size {got} bytes, recorded {f.size}"))
-        elif checksums:
-            try:
-                crc = _checksum(store, f"{op}/{path}")
-            except (OSError, StorageError) as exc:
-                problems.append(Problem(n, p, path, f"unreadable ({exc})"))
-            else:
-                if crc != f.checksum:
-                    problems.append(Problem(n, p, path, f"checksum {crc}, recorded {f.checksum}"))
-        done += 1
-        done_bytes += f.size
-        if progress is not None:
-            progress(done, len(todo), done_bytes, total_bytes)
-    return problems, len(todo), total_bytes
 
 
 # --- gc --dry-run -----------------------------------------------------------------------
@@ -367,11 +284,36 @@ def _progress(args: argparse.Namespace, label: str, unit: str) -> Progress:
     return Progress(label, unit, enabled=False if args.quiet else None)
 
 
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    """``--storage-options`` as a dict; refused (exit 2) unless a JSON object. Its text is
+    never echoed: it holds credentials."""
+    if not text:
+        return None
+    try:
+        opts = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionsError("--storage-options", "<redacted>",
+                           f"--storage-options is not valid JSON ({exc.msg} at character "
+                           f"{exc.pos}); give a JSON object, e.g. '{{\"anon\": true}}'") from None
+    if not isinstance(opts, dict):
+        raise OptionsError("--storage-options", "<redacted>",
+                           f"--storage-options must be a JSON object of fsspec options, e.g. "
+                           f"'{{\"anon\": true}}'; got a JSON {type(opts).__name__}")
+    return opts
+
+
 def _open(args: argparse.Namespace) -> DurableStore:
+    from .options import check_location
     from .storage import open_store
 
-    opts = json.loads(args.storage_options) if args.storage_options else None
-    return open_store(args.url, storage_options=opts)
+    check_location(args.url, "URL")  # an unknown protocol is bad usage (exit 2)
+    opts = _storage_options(args.storage_options)
+    try:
+        return open_store(args.url, storage_options=opts)
+    except TypeError as exc:  # the filesystem's constructor refuses an option
+        raise OptionsError("--storage-options", "<redacted>",
+                           f"the filesystem of {args.url} refuses these storage options "
+                           f"({exc})") from None
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
@@ -385,11 +327,14 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
             rows.append([op, len(recs), "-" if last is None else last.checkpoint_id,
                          "-" if last is None else _size(last.full_size),
                          "-" if last is None else _when(last.created_at_ms)])
+        if not rows:
+            # a mistyped path or bucket looks exactly like this: say so, do not succeed
+            raise CheckpointNotFoundError(f"no statebackend state under {args.url}: no "
+                                          f"operator directory with completed checkpoints "
+                                          f"(check the URL)")
         if args.json:
             out.write(json.dumps([dict(zip(["operator", "checkpoints", "latest", "size",
                                             "created"], r)) for r in rows]) + "\n")
-        elif not rows:
-            out.write(f"no operators with completed checkpoints under {store.root}\n")
         else:
             _table(rows, ["operator", "checkpoints", "latest", "size", "created"], out)
         return EXIT_OK
@@ -481,7 +426,7 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     with _progress(args, "verify", "files") as bar:
         problems, nfiles, nbytes = verify_checkpoints(store, op, ids,
                                                       checksums=not args.size_only,
-                                                      progress=bar)
+                                                      deep=args.deep, progress=bar)
     if args.json:
         out.write(json.dumps({"ok": not problems, "files": nfiles, "bytes": nbytes,
                               "problems": [vars(p) for p in problems]}) + "\n")
@@ -490,7 +435,8 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"BAD  {p}\n")
         what = "sizes" if args.size_only else "sizes and checksums"
         verdict = "OK" if not problems else f"{len(problems)} problem(s)"
-        out.write(f"{verdict}: checked {what} of {nfiles} files ({_size(nbytes)})\n")
+        deep = "; opened every partition with RocksDB" if args.deep else ""
+        out.write(f"{verdict}: checked {what} of {nfiles} files ({_size(nbytes)}){deep}\n")
         if problems:
             out.write("The checkpoints above cannot be restored as they are; restore from an "
                       "older retained checkpoint or fix the files.\n")
@@ -518,6 +464,11 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from .spark.read_state import load_checkpoint, read_rows, rows_to_pandas
 
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "parquet" and args.output == "-":  # bad usage: say so before reading anything
+        raise OptionsError("--output", "-", "Parquet cannot go to standard output; give a "
+                                            "file name or use --format csv")
     store = _open(args)
     op = args.operator
     key_types = args.key_types.split(",") if args.key_types else None
@@ -527,14 +478,9 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
         rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
                               view=view, progress=bar))
     frame = rows_to_pandas(rows, view, args.state)
-    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
-                          else "parquet")
     if fmt == "csv":
         frame.to_csv(out if args.output == "-" else args.output, index=False)
     else:
-        if args.output == "-":
-            raise StateBackendError("Parquet cannot go to standard output; give a file name "
-                                    "or use --format csv")
         frame.to_parquet(args.output, index=False)
     if args.output == "-":
         return EXIT_OK  # standard output holds the data
@@ -614,12 +560,27 @@ def cmd_migrate_savepoint(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _count(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low`` (bad usage otherwise, exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
+        return value
+    parse.__name__ = "integer"  # argparse names the type in its message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statebackend", description="Inspect, verify, garbage-collect and read the "
         "checkpoints of a statebackend RocksDB state location (no Spark needed).",
-        epilog="exit codes: 0 ok, 1 verify found problems, 2 bad usage, 3 no such operator "
-        "or checkpoint, 4 storage failure or unreadable state, 130 interrupted",
+        epilog="exit codes: 0 ok, 1 problems found (verify, or a damaged checkpoint), 2 bad "
+        "usage, 3 no such operator, checkpoint, state or partition (or no state at the URL), "
+        "4 storage failure, 130 interrupted",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -639,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "terminal anyway)")
 
     def checkpoint_arg(p: argparse.ArgumentParser, what: str) -> None:
-        p.add_argument("checkpoint", metavar="ID", nargs="?", type=int, default=None,
+        p.add_argument("checkpoint", metavar="ID", nargs="?", type=_count(0), default=None,
                        help=what)
 
     p = sub.add_parser("list", help="operators, or the retained checkpoints of one")
@@ -652,25 +613,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--files", action="store_true", help="also list every file")
     p.set_defaults(func=cmd_describe)
 
-    p = sub.add_parser("verify", help="every referenced file exists with its size and CRC32")
+    p = sub.add_parser("verify", help="check what a restore checks: records against "
+                       "manifests, every file's size and CRC32, RocksDB's file set, changelogs")
     common(p)
     checkpoint_arg(p, "checkpoint id (default: every retained checkpoint)")
     p.add_argument("--size-only", action="store_true", help="skip reading files for checksums")
+    p.add_argument("--deep", action="store_true",
+                   help="also download each partition, open it with RocksDB, replay its "
+                        "changelogs and read every entry back (costs a full download)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("gc", help="delete what retention drops (--dry-run: only show it)")
     common(p)
     p.add_argument("--dry-run", action="store_true", help="show, delete nothing")
-    p.add_argument("--num-retained", type=int, default=3, metavar="N",
+    p.add_argument("--num-retained", type=_count(1), default=3, metavar="N",
                    help="completed checkpoints to keep (the job's num_retained; default 3)")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("read", help="dump state to Parquet or CSV")
     common(p)
-    p.add_argument("--checkpoint", type=int, default=None, help="default: the latest")
+    p.add_argument("--checkpoint", type=_count(0), default=None, help="default: the latest")
     p.add_argument("--state", default=None,
                    help="one state (typed columns); default every state, values as JSON")
-    p.add_argument("--partition", type=int, action="append",
+    p.add_argument("--partition", type=_count(0), action="append",
                    help="only this partition (repeatable)")
     p.add_argument("-o", "--output", required=True,
                    help="file to write (.parquet or .csv), or - for CSV on stdout")
@@ -682,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("savepoint", help="write a self-contained savepoint of a checkpoint")
     common(p)
     p.add_argument("--name", default=None, help="default: sp-<checkpoint>-<ms>")
-    p.add_argument("--checkpoint", type=int, default=None, help="default: the latest")
+    p.add_argument("--checkpoint", type=_count(0), default=None, help="default: the latest")
     p.add_argument("--compression", choices=["snappy", "none"], default="snappy")
     p.set_defaults(func=cmd_savepoint)
 
@@ -691,9 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("name", metavar="NAME", help="the savepoint to read")
     p.add_argument("new_name", metavar="NEW_NAME", help="the savepoint to write (must not exist)")
-    p.add_argument("--max-parallelism", type=int, required=True, metavar="M",
+    p.add_argument("--max-parallelism", type=_count(1), required=True, metavar="M",
                    help="key groups of the new savepoint")
-    p.add_argument("--parallelism", type=int, default=None, metavar="P",
+    p.add_argument("--parallelism", type=_count(1), default=None, metavar="P",
                    help="data files (partitions) of the new savepoint; default the source's")
     p.add_argument("--key-types", default=None,
                    help="grouping-key types, comma separated, if the savepoint lacks them")
@@ -704,30 +669,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("metrics", help="per-checkpoint metrics recorded beside the checkpoints")
     common(p)
     p.add_argument("--partitions", action="store_true", help="also per-partition lines")
-    p.add_argument("--last", type=int, default=0, metavar="N", help="only the last N")
+    p.add_argument("--last", type=_count(0), default=0, metavar="N",
+                   help="only the last N (0: all)")
     p.set_defaults(func=cmd_metrics)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Entry point of the ``statebackend`` console script; returns the exit code."""
+    """Entry point of the ``statebackend`` console script; returns the exit code.
+
+    Bad arguments exit 2 through argparse (``SystemExit``); every other failure is one
+    line on stderr, with credentials of the URL redacted, and never a traceback (set
+    ``STATEBACKEND_TRACEBACK=1`` to see one for an unexpected error).
+    """
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
+
+    def fail(code: int, text: str) -> int:
+        sys.stderr.write(redact_text(f"statebackend: {text}", args.url) + "\n")
+        return code
+
     try:
         return int(args.func(args, out))
-    except CheckpointNotFoundError as exc:
-        sys.stderr.write(f"statebackend: {exc}\n")
-        return EXIT_NOT_FOUND
-    except json.JSONDecodeError as exc:
-        sys.stderr.write(f"statebackend: --storage-options is not valid JSON ({exc})\n")
-        return EXIT_USAGE
+    except OptionsError as exc:  # bad usage found after parsing: protocol, JSON, values
+        return fail(EXIT_USAGE, str(exc))
+    except (CheckpointNotFoundError, StateError) as exc:  # no such operator, checkpoint,
+        return fail(EXIT_NOT_FOUND, str(exc))               # state or partition
+    except CorruptStateError as exc:  # what verify reports: the checkpoint is damaged
+        return fail(EXIT_PROBLEMS, f"{type(exc).__name__}: {exc}")
     except (StateBackendError, OSError) as exc:
-        sys.stderr.write(f"statebackend: {type(exc).__name__}: {exc}\n")
-        return EXIT_ERROR
+        return fail(EXIT_ERROR, f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
-        sys.stderr.write("statebackend: interrupted\n")
-        return 130
+        return fail(130, "interrupted")
+    except Exception as exc:  # noqa: BLE001 - no input may end in a traceback
+        if os.environ.get("STATEBACKEND_TRACEBACK"):
+            import traceback
+            sys.stderr.write(redact_text(traceback.format_exc(), args.url))
+        return fail(EXIT_ERROR, f"unexpected {type(exc).__name__}: {exc} (set "
+                                f"STATEBACKEND_TRACEBACK=1 to see where)")
 
 
 if __name__ == "__main__":  # pragma: no cover

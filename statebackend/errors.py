@@ -17,9 +17,21 @@ from __future__ import annotations
 
 from pyspark.errors import PySparkRuntimeError, PySparkTypeError
 
+from .redact import redact_text
+
 
 class StateBackendError(Exception):
-    """Root of every error raised by statebackend."""
+    """Root of every error raised by statebackend.
+
+    Its message never shows URL credentials: a message that quotes a location (or a
+    filesystem root derived from one) has ``user:secret@`` redacted to ``user:***@``.
+    """
+
+    def __str__(self) -> str:
+        return redact_text(super().__str__())
+
+    def __repr__(self) -> str:
+        return redact_text(super().__repr__())
 
 
 # --- configuration -----------------------------------------------------------------
@@ -46,7 +58,7 @@ class UnknownOptionError(OptionsError, KeyError):
     """An option name that does not exist (often a typo; the message suggests a fix)."""
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
-        return str(self.args[0])
+        return redact_text(self.args[0])
 
 
 class IncompatibleStateError(StateBackendError, ValueError):

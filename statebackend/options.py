@@ -47,6 +47,9 @@ __all__ = [
     "StateBackendOptions",
     "TIMER_SERVICES",
     "CHECKPOINT_MODES",
+    "check_location",
+    "check_storage_options",
+    "coerce_options",
     "default_max_parallelism",
     "parse_duration",
     "parse_size",
@@ -841,6 +844,100 @@ def _checked_init(self: StateBackendOptions, **kwargs: Any) -> None:
 
 
 StateBackendOptions.__init__ = _checked_init  # type: ignore[method-assign]
+
+
+# --- what the backend is constructed with -------------------------------------------------
+
+
+def coerce_options(options: Any) -> StateBackendOptions | None:
+    """The backend's ``options`` argument as a :class:`StateBackendOptions` (or None).
+
+    Accepted: None (read the session's Spark conf later); a ``StateBackendOptions``; a
+    mapping of option names (``{"num_retained": 5}``, :meth:`StateBackendOptions.from_dict`);
+    a Spark-conf-like mapping whose keys all start with ``spark.``
+    (``{"spark.statebackend.num-retained": "5"}``) or a ``SparkConf``
+    (:meth:`StateBackendOptions.from_spark_conf`: string values are parsed, other
+    ``spark.*`` keys are ignored).
+
+    Raises
+    ------
+    UnknownOptionError
+        A key that names no option.
+    OptionsError
+        Any other type, a mapping that mixes ``spark.*`` keys with option names, or a
+        value that is refused.
+    """
+    if options is None or isinstance(options, StateBackendOptions):
+        return options
+    if isinstance(options, Mapping):
+        keys = [k for k in options if isinstance(k, str)]
+        spark = [k for k in keys if k.startswith("spark.")]
+        if spark and len(spark) != len(options):
+            other = next(k for k in options if k not in spark)
+            raise OptionsError(
+                str(other), options[other],
+                f"options mixes Spark conf keys ({spark[0]!r}) with other keys ({other!r}); "
+                f"give either option names ({{'num_retained': 5}}) or Spark keys "
+                f"({{{SPARK_CONF_PREFIX + 'num-retained'!r}: '5'}}), not both.")
+        if spark:
+            return StateBackendOptions.from_spark_conf(options)
+        return StateBackendOptions.from_dict(options)
+    if callable(getattr(options, "getAll", None)):  # a pyspark.SparkConf
+        return StateBackendOptions.from_spark_conf(options)
+    raise OptionsError("options", options,
+                       f"options must be a StateBackendOptions, a mapping of option names "
+                       f"or of Spark conf keys, or a SparkConf; got {type(options).__name__}.")
+
+
+def check_storage_options(storage_options: Any) -> dict[str, Any]:
+    """``storage_options`` as a new dict: None becomes ``{}``; anything but a mapping with
+    string keys is refused (its values are never shown: they hold credentials)."""
+    if storage_options is None:
+        return {}
+    if not isinstance(storage_options, Mapping):
+        raise OptionsError("storage_options", "<redacted>",
+                           f"storage_options must be a mapping of fsspec options (e.g. "
+                           f"{{'anon': True}}), got {type(storage_options).__name__}.")
+    bad = [k for k in storage_options if not isinstance(k, str)]
+    if bad:
+        raise OptionsError("storage_options", "<redacted>",
+                           f"storage_options keys must be strings, got a "
+                           f"{type(bad[0]).__name__} key.")
+    return dict(storage_options)
+
+
+def check_location(url: Any, what: str = "checkpoint_location") -> str:
+    """Refuse, at once, a location that is not a non-empty string or whose protocol fsspec
+    does not know or cannot load (``bogus://x``, ``gcs://`` without gcsfs installed).
+
+    Each protocol of a chained URL (``simplecache::s3://...``) is checked. Plain paths
+    (no ``scheme://``) are local. Messages show the location with credentials redacted.
+    """
+    from .redact import redact_url
+
+    if not isinstance(url, str) or not url.strip():
+        raise OptionsError(what, None if not isinstance(url, str) else url,
+                           f"{what} must be a non-empty path or fsspec URL, got "
+                           f"{type(url).__name__ if not isinstance(url, str) else repr(url)}.")
+    from fsspec.core import split_protocol
+    from fsspec.registry import get_filesystem_class, known_implementations, registry
+
+    for part in url.split("::"):
+        protocol, _ = split_protocol(part)
+        if protocol is None:
+            continue
+        if protocol not in registry and protocol not in known_implementations:
+            raise OptionsError(what, redact_url(url),
+                               f"{what} {redact_url(url)!r}: unknown protocol {protocol!r}; "
+                               f"use a local path or an fsspec URL (s3://, gs://, abfs://, "
+                               f"memory://, file://...).")
+        try:
+            get_filesystem_class(protocol)
+        except ImportError as exc:
+            raise OptionsError(what, redact_url(url),
+                               f"{what} {redact_url(url)!r}: protocol {protocol!r} needs a "
+                               f"package that is not installed ({exc}).") from None
+    return url
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..checkpoint.manifest import (
     check_component,
 )
 from ..checkpoint.restore import open_checkpoint
-from ..errors import CorruptStateError, StorageError
+from ..errors import CorruptStateError, StateBackendError, StorageError
 from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
@@ -304,5 +304,14 @@ def _write_partition(op_store: DurableStore, m: PartitionManifest, scratch: str,
                                    compression)
         finally:
             inst.close()
+    except StateBackendError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception
+        # verified files RocksDB cannot open or read back: a damaged checkpoint, typed
+        raise CorruptStateError(
+            f"checkpoint {m.checkpoint_id} partition {m.partition}: RocksDB cannot open or "
+            f"read the state of {m.path} ({type(exc).__name__}: {exc}); 'statebackend "
+            f"verify' names what is wrong", checkpoint_id=m.checkpoint_id,
+            partition=m.partition, path=m.path) from exc
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -16,11 +16,13 @@ import atexit
 import hashlib
 import logging
 import threading
+import traceback
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..errors import WriterFencedError
+from ..redact import redact_text, redact_url
 
 log = logging.getLogger("statebackend.listener")
 
@@ -121,8 +123,10 @@ class _SessionListener(StreamingQueryListener):
             except WriterFencedError as exc:  # the query's own tasks fail on it too
                 log.error("statebackend: %s", exc)
             except Exception:  # a listener must never kill the listener bus
-                log.exception("statebackend: completing checkpoints of %s failed (will retry "
-                              "next batch)", backend.checkpoint_location)
+                # the traceback may quote the location: redact it as the location itself
+                log.error("statebackend: completing checkpoints of %s failed (will retry "
+                          "next batch)\n%s", redact_url(backend.checkpoint_location),
+                          redact_text(traceback.format_exc(), backend.checkpoint_location))
 
     def onQueryStarted(self, event: Any) -> None:
         if not self._enter():

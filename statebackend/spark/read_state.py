@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
 from ..checkpoint.restore import open_checkpoint
-from ..errors import CorruptStateError, StateError
+from ..errors import CorruptStateError, StateBackendError, StateError
 from ..keycodec import decode_grouping_key
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
@@ -283,6 +283,16 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
         try:
             with open_checkpoint(ostore, m, tmp) as inst:
                 yield from read_partition(inst, p, view.key_types, states)
+        except StateBackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception
+            # files that passed their checksums but do not open or read back (e.g. a
+            # manifest missing an SST its RocksDB MANIFEST needs): typed, naming the files
+            raise CorruptStateError(
+                f"checkpoint {m.checkpoint_id} partition {p}: RocksDB cannot open or read "
+                f"the state of {m.path} ({type(exc).__name__}: {exc}); 'statebackend verify' "
+                f"names what is wrong", checkpoint_id=m.checkpoint_id, partition=p,
+                path=m.path) from exc
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         done_bytes += m.full_size

@@ -31,6 +31,7 @@ from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
+from ..redact import redact_nested, redact_options, redact_url
 from .executor import current_executor_id
 from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
@@ -68,6 +69,14 @@ class OperatorConfig:
     @property
     def max_parallelism(self) -> int:
         return self.options.max_parallelism
+
+    def __repr__(self) -> str:
+        # Storage options hold credentials and a location may too: never print them.
+        return (f"OperatorConfig(operator_id={self.operator_id!r}, checkpoint_location="
+                f"{redact_url(self.checkpoint_location)!r}, storage_options="
+                f"{redact_options(self.storage_options)}, options={self.options!r}, "
+                f"parallelism={self.parallelism!r}, key={self.key!r}, epoch={self.epoch!r}, "
+                f"watermark={self.watermark!r}, extra={redact_nested(self.extra)!r})")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..checkpoint.manifest import check_relative
 from ..errors import StorageError, TransientStorageError, UnsafePathError
+from ..redact import redact_text, redact_url
 from .accounting import DEFAULT_PART_SIZE, AccountingFileSystem, RequestCounter, RequestCounts
 from .base import DurableStore, StoreFileNotFoundError, Transfer, _expand_get
 from .checksum import bytes_crc32, file_crc32
@@ -197,7 +198,7 @@ class FsspecStore(DurableStore):
         self.requests = RequestCounter()  # counts are per process
 
     def __repr__(self) -> str:
-        return f"FsspecStore({self.url!r})"
+        return f"FsspecStore({redact_url(self.url)!r})"
 
     def full_path(self, path: str) -> str:
         """The filesystem path of ``path`` after checking that it stays under the root."""
@@ -216,19 +217,23 @@ class FsspecStore(DurableStore):
                 if isinstance(exc, StorageError) and not isinstance(exc, TransientStorageError):
                     raise
                 err: StorageError
+                # a filesystem's own message may quote the root, which may hold the
+                # location's credentials: redact as the location itself
+                why = redact_text(f"{type(exc).__name__}: {exc}", self.url)
                 if not _is_transient(exc):
                     if isinstance(exc, FileNotFoundError):
-                        err = StoreFileNotFoundError(f"{what}: not found in {self.url} ({exc})")
+                        err = StoreFileNotFoundError(f"{what}: not found in "
+                                                     f"{redact_url(self.url)} "
+                                                     f"({redact_text(exc, self.url)})")
                     else:
-                        err = StorageError(f"{what} failed: {type(exc).__name__}: {exc}")
+                        err = StorageError(f"{what} failed: {why}")
                 elif attempt >= self.retries:
-                    err = StorageError(f"{what} failed after {self.retries + 1} tries: "
-                                       f"{type(exc).__name__}: {exc}")
+                    err = StorageError(f"{what} failed after {self.retries + 1} tries: {why}")
                 else:
                     base = self.backoff_s * (10 if _is_throttle(exc) else 1)
                     delay = base * (2 ** attempt) * (0.5 + random.random())
-                    log.info("%s failed (%s: %s); retry %d/%d in %.2fs", what,
-                             type(exc).__name__, exc, attempt + 1, self.retries, delay)
+                    log.info("%s failed (%s); retry %d/%d in %.2fs", what, why,
+                             attempt + 1, self.retries, delay)
                     if delay > 0:
                         time.sleep(delay)
                     continue

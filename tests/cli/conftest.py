@@ -59,3 +59,75 @@ def streaming_run(spark, tmp_path_factory) -> Run:
     # the listener completes checkpoints asynchronously; make sure the last one is done
     be.complete(OPERATOR)
     return Run(str(root / "state"), data)
+
+
+# --- checkpoints built without Spark (fast; for verify and the error paths) -------------
+
+BUILT_OPERATOR = "op"
+BUILT_MAXP = 32
+
+
+@dataclass(frozen=True)
+class Built:
+    """State of an operator written by PartitionCheckpointer + coordinator, no Spark."""
+
+    url: str
+    mode: str
+    checkpoints: int
+    operator: str = BUILT_OPERATOR
+
+
+def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
+           n_keys: int = 200) -> Built:
+    from statebackend.checkpoint import PartitionCheckpointer
+    from statebackend.checkpoint.materialize import wait_for_materializations
+    from statebackend.coordinator import CheckpointCoordinator
+    from statebackend.keycodec import encode_grouping_key
+    from statebackend.keygroups import key_group, key_group_range
+    from statebackend.options import StateBackendOptions
+    from statebackend.state.backend import KeyedStateBackend
+    from statebackend.storage import open_store
+
+    store = open_store(f"{root}/durable", backoff_s=0.0)
+    kw = {"checkpoint_mode": mode, "materialize_interval": 2} if mode == "changelog" else {}
+    opts = StateBackendOptions(max_parallelism=BUILT_MAXP, local_dir=f"{root}/local", **kw)
+    coord = CheckpointCoordinator(store, BUILT_OPERATOR, parallelism=parallelism,
+                                  max_parallelism=BUILT_MAXP, num_retained=10)
+    keys = [encode_grouping_key((f"k{i}",), ["string"],
+                                key_group([f"k{i}"], ["string"], BUILT_MAXP))
+            for i in range(n_keys)]
+    for b in range(batches):
+        for p in range(parallelism):
+            rng = key_group_range(p, parallelism, BUILT_MAXP)
+            mine = [k for k in keys if int.from_bytes(k[:2], "big") in rng]
+            # later batches touch a few keys only, so SSTs are reused across checkpoints
+            mine = mine if b == 0 else mine[b::5]
+            cp = PartitionCheckpointer(store, BUILT_OPERATOR, p, opts, f"{root}/local")
+            base = None if b == 0 else coord.restore(b - 1).manifests[p]
+            inst, _ = cp.restore(base)
+            be = KeyedStateBackend(inst, clock=lambda: 0)
+            count = be.value_state("count", "c BIGINT")
+            for i, k in enumerate(mine):
+                be.set_current_key(k)
+                c = count.get()
+                count.update(((c[0] if c else 0) + i + b,))
+            be.flush()
+            cp.checkpoint(inst, b, f"a{b}", (rng.start, rng.end), be.descriptors())
+            inst.close()
+        wait_for_materializations()
+        assert coord.try_complete(b) is not None
+    coord.close()
+    return Built(f"{root}/durable", mode, batches)
+
+
+@pytest.fixture(scope="session", params=["incremental", "changelog"])
+def built(request, tmp_path_factory) -> Built:
+    """Four completed checkpoints of two partitions, in each checkpoint mode."""
+    return _build(str(tmp_path_factory.mktemp(f"built-{request.param}")), request.param)
+
+
+@pytest.fixture
+def built_copy(built, tmp_path) -> Built:
+    """A private copy of ``built`` for a test that damages it."""
+    shutil.copytree(built.url, tmp_path / "durable")
+    return Built(str(tmp_path / "durable"), built.mode, built.checkpoints)
