@@ -8,9 +8,12 @@ import io
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import Built
+
+if TYPE_CHECKING:  # cli's conftest; another directory's conftest may own the name at run time
+    from conftest import Built
 
 from statebackend.cli import main
 
