@@ -320,10 +320,7 @@ class RocksDBStateBackend:
         that run only, and is refused (WriterFencedError) once a newer run took over."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            coord = self.coordinator(op)
-            if run_id is not None:
-                coord.bind_writer(run_id)
-            done.extend(complete_pending(coord, up_to=up_to))
+            done.extend(complete_pending(self.coordinator(op), up_to=up_to, run_id=run_id))
         return done
 
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
@@ -500,7 +497,7 @@ class RocksDBStateBackend:
         register_backend(spark, self)
 
 
-def complete_pending(coordinator, up_to: int | None = None) -> list:
+def complete_pending(coordinator, up_to: int | None = None, run_id: str | None = None) -> list:
     """Complete, in order, every checkpoint after the latest completed one that all
     partitions have published (a driver that crashed or missed events catches up here).
 
@@ -519,14 +516,14 @@ def complete_pending(coordinator, up_to: int | None = None) -> list:
     latest = coordinator.latest()
     if (latest is not None and up_to is not None and not latest.committed
             and latest.checkpoint_id <= up_to):
-        coordinator.try_complete(latest.checkpoint_id, committed=True)
+        coordinator.try_complete(latest.checkpoint_id, committed=True, run_id=run_id)
     n = 0 if latest is None else latest.checkpoint_id + 1
     while True:
         if up_to is not None and n > up_to:
             # Spark has not finished that batch: trying it would cost a listing of its
             # directory (and reads of the manifests published so far) every micro-batch
             break
-        record = coordinator.try_complete(n, committed=up_to is not None)
+        record = coordinator.try_complete(n, committed=up_to is not None, run_id=run_id)
         if record is None:
             if up_to is not None and n < up_to and not coordinator.anything_published(n):
                 n += 1

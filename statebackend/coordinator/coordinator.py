@@ -259,10 +259,11 @@ class CheckpointCoordinator:
     fencing : bool
         Complete, retain and delete only as the owner of the location
         (:mod:`statebackend.checkpoint.fencing`): before each of these steps, one HEAD
-        proves that no newer writer epoch exists. A coordinator bound to a run
-        (:meth:`bind_writer`) whose run was fenced raises
-        :class:`~statebackend.errors.WriterFencedError`; an unbound one (planning, a manual
-        :meth:`try_complete`) follows the newest writer, rebuilding its registry first.
+        proves that no newer writer epoch exists. A completion for a run
+        (:meth:`try_complete`'s ``run_id``, which the listener passes) whose run was
+        fenced raises :class:`~statebackend.errors.WriterFencedError`; one for no run in
+        particular (planning, a manual ``complete()``) follows the newest writer,
+        rebuilding its registry first when that changed.
 
     Notes
     -----
@@ -305,8 +306,7 @@ class CheckpointCoordinator:
         self.fencing = fencing
         # the writer epoch this coordinator last acted under, and the run it acts for
         self._epoch: int | None = None
-        self._run_id: str | None = None
-        self._rebind = False
+        self._epoch_run: str | None = None  # the run that holds self._epoch
         if rebuild:
             with self._lock:
                 self._act_as_owner()  # the writer the records below were written under
@@ -331,45 +331,36 @@ class CheckpointCoordinator:
 
     # --- fencing ------------------------------------------------------------------------
 
-    def bind_writer(self, run_id: str | None) -> None:
-        """Act for run ``run_id`` of the query from now on (the listener binds the run of
-        each progress event): if a newer run takes the location over, every completion and
-        deletion of this coordinator is refused with
-        :class:`~statebackend.errors.WriterFencedError`."""
-        with self._lock:
-            if run_id != self._run_id:
-                self._run_id = run_id
-                self._rebind = True  # the run's epoch is resolved at the next step
-
     def _check_owner(self) -> None:
         """Before a record is written or a file deleted: the epoch acted under is still
         the newest (one HEAD)."""
         if self.fencing and self._epoch:  # 0: no writer has claimed the location yet
             check_owner(self.store, self._epoch, f"{self.operator_id}/")
 
-    def _act_as_owner(self) -> None:
+    def _act_as_owner(self, run_id: str | None = None) -> None:
         """Resolve the epoch to act under (under the lock), before a completion or a
-        collection. Costs one HEAD while the epoch stays the newest; after a takeover, a
-        listing, a few small reads and a rebuild of the registry (the older writer may
-        have completed checkpoints since this coordinator read the records)."""
+        collection: run ``run_id``'s (WriterFencedError when a newer run took over), or
+        the newest writer's for no run in particular. Costs one HEAD while the epoch stays
+        the newest; after a takeover, a listing, a few small reads and a rebuild of the
+        registry (the older writer may have completed checkpoints since this coordinator
+        read the records)."""
         if not self.fencing:
             return
         prefix = f"{self.operator_id}/"
-        if self._epoch is not None and not self._rebind and not self.store.exists(
-                prefix + epoch_path(self._epoch + 1)):
+        if (self._epoch is not None and run_id in (None, self._epoch_run)
+                and not self.store.exists(prefix + epoch_path(self._epoch + 1))):
             return
-        self._rebind = False
         epochs = list_epochs(self.store, prefix)
         latest = read_epoch(self.store, epochs[-1], prefix) if epochs else None
         if latest is None:
             self._epoch = 0  # no writer has claimed the location yet: HEAD epoch 1 next
             return
-        if self._run_id is not None and latest.run_id != self._run_id:
-            held = held_before(self.store, epochs[:-1], self._run_id, prefix)
+        if run_id is not None and latest.run_id != run_id:
+            held = held_before(self.store, epochs[:-1], run_id, prefix)
             if held is not None:
                 raise fenced_error(f"{self.store.root}/{self.operator_id}", held, latest)
         moved = self._epoch is not None and latest.epoch != self._epoch
-        self._epoch = latest.epoch
+        self._epoch, self._epoch_run = latest.epoch, latest.run_id
         if moved:
             log.info("operator %s: %s took the location over; reading the completed "
                      "checkpoints again", self.operator_id, latest.describe())
@@ -389,8 +380,8 @@ class CheckpointCoordinator:
 
     # --- completion ---------------------------------------------------------------------
 
-    def try_complete(self, checkpoint_id: int, *,
-                     committed: bool = True) -> CompletedCheckpoint | None:
+    def try_complete(self, checkpoint_id: int, *, committed: bool = True,
+                     run_id: str | None = None) -> CompletedCheckpoint | None:
         """Complete checkpoint ``checkpoint_id`` if every partition has published it.
 
         Lists only the partition directories ``chk-<n>/p<p>/``, chooses one valid
@@ -409,6 +400,10 @@ class CheckpointCoordinator:
             checkpoint before it retained until a newer one completes: Spark runs a
             micro-batch it did not commit again, from the state before it. True for a
             checkpoint completed earlier without it rewrites its record as committed.
+        run_id : str, optional
+            The Spark run that finished the micro-batch: refused with
+            :class:`~statebackend.errors.WriterFencedError` when a newer run of the query
+            took the location over. None: act as the newest writer.
 
         Returns
         -------
@@ -422,9 +417,12 @@ class CheckpointCoordinator:
             A manifest was written for another ``max_parallelism`` or key-group range.
         StorageError
             Durable storage failed; nothing was recorded, so calling again is safe.
+        WriterFencedError
+            ``run_id`` no longer owns the location (see ``fencing``).
         """
         with self._lock:
             self.last_completion_requests = None
+            self._act_as_owner(run_id)
             known = self._registry.checkpoints.get(checkpoint_id)
             if known is None:
                 record = self._complete_locked(checkpoint_id, committed)
@@ -441,10 +439,7 @@ class CheckpointCoordinator:
                          committed: bool) -> CompletedCheckpoint | None:
         """try_complete of a checkpoint not known yet (under the lock)."""
         counts0 = self.store.request_counts()
-        self._act_as_owner()
         reg = self._registry
-        if checkpoint_id in reg.checkpoints:  # completed by the writer we follow now
-            return reg.checkpoints[checkpoint_id].record
         latest = reg.latest_id
         if latest is not None and checkpoint_id < latest:
             log.info("checkpoint %d of %s is older than the latest completed %d; its "

@@ -374,13 +374,13 @@ class FsspecStore(DurableStore):
     @property
     def supports_exclusive_create(self) -> bool:
         return (self.atomic_rename or self.fs.exclusive_put
-                or isinstance(_innermost(self.fs), MemoryFileSystem))
+                or isinstance(_base_fs(self.fs), (LocalFileSystem, MemoryFileSystem)))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         if not self.supports_exclusive_create:
             return super().create_exclusive(path, data)
         full = self.full_path(path)
-        memory = isinstance(_innermost(self.fs), MemoryFileSystem)
+        memory = isinstance(_base_fs(self.fs), MemoryFileSystem)
 
         def once(_attempt: int) -> bool:
             try:
@@ -392,6 +392,8 @@ class FsspecStore(DurableStore):
                     with _MEMORY_CREATE_LOCK:
                         self.fs.pipe_file(full, data, mode="create")
                 else:
+                    # S3's conditional PUT, or a local filesystem behind a wrapper: its
+                    # open(mode="xb") is O_EXCL
                     self.fs.pipe_file(full, data, mode="create")
             except FileExistsError:
                 return False
@@ -555,6 +557,14 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
     return FsspecStore(url, upload_threads=upload_threads, download_threads=download_threads,
                        retries=retries, storage_options=storage_options, backoff_s=backoff_s,
                        fs=fs, part_size=part_size, read_threads=read_threads)
+
+
+def _base_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """The filesystem under our counting layer and any wrapper that keeps its inner one
+    in ``inner`` (fault injection): what decides whether a create-if-absent is real."""
+    while isinstance(getattr(fs, "inner", None), fsspec.AbstractFileSystem):
+        fs = fs.inner
+    return fs
 
 
 def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

@@ -119,7 +119,10 @@ class Writer:
         self.store, self.run, self.query = store, run, query
         self.local = str(tmp / run)
         self.coord = CheckpointCoordinator(store, OP, 1, 8, num_retained=2)
-        self.coord.bind_writer(run)
+
+    def complete(self, n: int):
+        """What the listener does when the run's micro-batch ``n`` ends."""
+        return self.coord.try_complete(n, run_id=self.run)
 
     def task(self, n: int, rows: dict[bytes, bytes]) -> PartitionManifest:
         """Batch ``n`` of the one partition: restore n-1 as completed (or published), put
@@ -179,7 +182,7 @@ def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
     a = Writer(store, tmp_path, "run-a")
     for n in range(4):
         a.task(n, rows(n))
-        assert a.coord.try_complete(n) is not None
+        assert a.complete(n) is not None
     # the same query started again elsewhere, while run a still runs (a zombie driver)
     b = Writer(store, tmp_path, "run-b")
     expected: dict[bytes, bytes] = {}
@@ -194,13 +197,13 @@ def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
                 a.task(n, rows(n))
         b.task(n, rows(n))
         expected.update(rows(n))
-        assert b.coord.try_complete(n) is not None
+        assert b.complete(n) is not None
         # the zombie's driver sees the micro-batch end too: refused, deletes nothing
         before = all_files(store)
         with pytest.raises(WriterFencedError, match="run-b"):
-            a.coord.try_complete(n)
-        with pytest.raises(WriterFencedError):
-            a.coord.collect_garbage()
+            a.complete(n)
+        # its own retention then, had the completion gone through: after the refusal
+        # nothing runs it, and a collection for no run in particular follows run b
         assert all_files(store) >= before
         assert referenced_files_exist(store) == []
     # the new run's attempt of batch 4 won over the zombie's (newest epoch first)
@@ -215,19 +218,22 @@ def test_a_zombie_that_wakes_after_the_new_writer_completed_deletes_nothing(
     a = Writer(store, tmp_path, "run-a")
     for n in range(3):
         a.task(n, rows(n))
-        a.coord.try_complete(n)
+        a.complete(n)
     b = Writer(store, tmp_path, "run-b")
     for n in range(3, 7):
         b.task(n, rows(n))
-        b.coord.try_complete(n)
+        b.complete(n)
     files = all_files(store)
     # run a wakes: its coordinator still believes checkpoint 2 is the latest, and its
     # retention would delete what run b's checkpoints reuse
-    for step in (lambda: a.coord.try_complete(3), a.coord.collect_garbage,
-                 lambda: a.task(3, rows(3))):
+    for step in (lambda: a.complete(3), lambda: a.task(3, rows(3))):
         with pytest.raises(WriterFencedError, match="epoch 2"):
             step()
     assert all_files(store) == files
+    # a collection for no run in particular (its stale registry says checkpoint 2 is the
+    # latest) follows run b: it reads the records again before it deletes anything
+    a.coord.collect_garbage()
+    assert a.coord.latest().checkpoint_id == 6
     assert referenced_files_exist(store) == []
     assert state_of(store, tmp_path, 6) == {k: v for n in range(7) for k, v in rows(n).items()}
 
@@ -240,12 +246,12 @@ def test_an_unbound_coordinator_follows_the_new_writer_and_rebuilds_first(
     a = Writer(store, tmp_path, "run-a")
     for n in range(2):
         a.task(n, rows(n))
-        a.coord.try_complete(n)
+        a.complete(n)
     planner = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
     b = Writer(store, tmp_path, "run-b")
     for n in range(2, 5):
         b.task(n, rows(n))
-        b.coord.try_complete(n)
+        b.complete(n)
     b.task(5, rows(5))
     assert planner.try_complete(5) is not None
     assert planner.latest().checkpoint_id == 5
@@ -257,11 +263,11 @@ def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
         store: DurableStore, tmp_path: Path) -> None:
     a = Writer(store, tmp_path, "run-a")
     a.task(0, rows(0))
-    a.coord.try_complete(0)
+    a.complete(0)
     files = all_files(store)
     other = Writer(store, tmp_path, "run-x", query="query-2")
     with pytest.raises(StateLocationInUseError, match="another streaming query"):
         other.task(1, rows(1))
     assert all_files(store) == files
     a.task(1, rows(1))
-    assert a.coord.try_complete(1) is not None
+    assert a.complete(1) is not None
