@@ -326,15 +326,15 @@ class RocksDBStateBackend:
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
         """Totals over the partitions of a completed checkpoint (rows, keys, bytes uploaded
         and reused, slowest sync/async part, restore sources), from its manifests."""
-        from .storage.manifests import read_manifest
+        from .storage.manifests import read_recorded_manifests
 
         coord = self.coordinator(operator_id)
         record = coord.get(checkpoint_id)
         out: dict[str, Any] = {"rows": 0, "keys": 0, "bytes_uploaded": 0, "bytes_reused": 0,
                                "sync_ms": 0.0, "async_ms": 0.0, "full_size": 0}
         sources: dict[str, int] = {}
-        for path in record.manifests.values():
-            m = read_manifest(coord.store, path, operator_id=operator_id)
+        for m in read_recorded_manifests(coord.store, record,
+                                         operator_id=operator_id).values():
             met = m.metrics
             out["rows"] += int(met.get("rows", 0))
             out["keys"] += int(met.get("keys", 0))

@@ -126,11 +126,9 @@ def _record(store: DurableStore, op: str, checkpoint_id: int | None) -> Complete
 
 def _manifests(store: DurableStore, op: str, record: CompletedCheckpoint
                ) -> dict[int, PartitionManifest]:
-    from .storage.manifests import read_manifests
+    from .storage.manifests import read_recorded_manifests
 
-    items = sorted(record.manifests.items())
-    return dict(zip([p for p, _ in items],
-                    read_manifests(store, [rel for _, rel in items], operator_id=op)))
+    return read_recorded_manifests(store, record, operator_id=op)
 
 
 def _operators(store: DurableStore) -> list[str]:

@@ -326,11 +326,11 @@ def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
         The checkpoint has no completed record, or a manifest it names is gone.
     """
     from .coordinator.coordinator import require_completed_record
-    from .storage.manifests import operator_store, read_manifest
+    from .storage.manifests import operator_store, read_recorded_manifests
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)
-    return aggregate(record, [read_manifest(ostore, p) for p in record.manifests.values()])
+    return aggregate(record, list(read_recorded_manifests(ostore, record).values()))
 
 
 def format_line(s: CheckpointStats) -> str:

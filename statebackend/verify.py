@@ -42,7 +42,7 @@ from .checkpoint.manifest import (
     changelog_id,
     completed_record_path,
 )
-from .errors import CheckpointNotFoundError, StateBackendError, StorageError
+from .errors import CheckpointNotFoundError, CorruptStateError, StateBackendError, StorageError
 from .progress import ProgressFn
 from .storage.base import DurableStore
 from .storage.checksum import crc32_stream
@@ -303,9 +303,11 @@ DEEP_CHECKS: list[Check] = [opens]
 # --- running them ---------------------------------------------------------------------
 
 
-def read_records(store: DurableStore, op: str) -> dict[int, CompletedCheckpoint]:
+def read_records(store: DurableStore, op: str,
+                 broken: dict[int, Problem] | None = None) -> dict[int, CompletedCheckpoint]:
     """The completed-checkpoint records of operator ``op``, by id (read-only: no
-    coordinator, which would delete)."""
+    coordinator, which would delete). ``broken``: where a record that does not parse (or
+    does not tile its partitions) goes as a problem, instead of raising."""
     out = {}
     for rel in store.list_dir(f"{op}/{CHECKPOINTS_DIR}"):
         m = _RECORD.match(rel.rsplit("/", 1)[-1])
@@ -315,23 +317,30 @@ def read_records(store: DurableStore, op: str) -> dict[int, CompletedCheckpoint]
                                                                      where=rel)
             except FileNotFoundError:
                 continue  # discarded by a running coordinator between listing and reading
+            except CorruptStateError as exc:
+                if broken is None:
+                    raise
+                n = int(m.group(1))
+                broken[n] = Problem(n, exc.partition, rel[len(op) + 1:], f"record unreadable "
+                                                                        f"({exc})")
     return dict(sorted(out.items()))
 
 
 def load_checkpoint(ctx: VerifyContext, record: CompletedCheckpoint) -> LoadedCheckpoint:
     """The record with the manifests it names (in parallel; one by one only to tell which
     manifest is bad)."""
-    from .storage.manifests import read_manifest, read_manifests
+    from .storage.manifests import read_recorded_manifests
 
     op = ctx.operator_id
     items = sorted(record.manifests.items())
     try:
-        ms: list[Any] = read_manifests(ctx.store, [rel for _, rel in items], operator_id=op)
+        got = read_recorded_manifests(ctx.store, record, operator_id=op)
+        ms: list[Any] = [got[p] for p, _ in items]
     except StateBackendError:
         ms = []
-        for _p, rel in items:
+        for p, _rel in items:
             try:
-                ms.append(read_manifest(ctx.store, rel, operator_id=op))
+                ms.append(read_recorded_manifests(ctx.store, record, [p], operator_id=op)[p])
             except StateBackendError as exc:
                 ms.append(exc)
     good = {p: m for (p, _), m in zip(items, ms) if isinstance(m, PartitionManifest)}
@@ -358,11 +367,14 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
     CheckpointNotFoundError
         The operator has no completed checkpoint, or a chosen one is not retained.
     """
-    records = read_records(store, op)
-    if not records:
+    broken: dict[int, Problem] = {}
+    records = read_records(store, op, broken)
+    if not records and not broken:
         raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
                                       f"{store.root}")
-    ids = list(records) if checkpoint_ids is None else list(checkpoint_ids)
+    ids = sorted({*records, *broken}) if checkpoint_ids is None else list(checkpoint_ids)
+    problems: list[Problem] = [broken[n] for n in ids if n in broken]
+    ids = [n for n in ids if n not in broken]
     for n in ids:
         if n not in records:
             raise CheckpointNotFoundError(f"checkpoint {n} of {op!r} is not a retained "
@@ -373,7 +385,6 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
     ctx.total_files, ctx.total_bytes = len(every), sum(f.size for f in every.values())
     if checks is None:
         checks = [*CHECKS, *(DEEP_CHECKS if deep else [])]
-    problems: list[Problem] = []
     for c in loaded:
         for p, why in sorted(c.unreadable.items()):
             problems.append(Problem(c.checkpoint_id, p, c.record.manifests[p],

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -313,6 +314,61 @@ class CompletedCheckpoint:
     # Spark may run it again from the state before it, so retention keeps that state too
     # until a newer checkpoint completes (see registry.SharedStateRegistry.retained_ids).
     committed: bool = True
+    # partition -> "<bytes>:crc32:<hex>" of the manifest chosen for it, as the coordinator
+    # read it: a reader checks the manifest it gets against it (empty: not recorded)
+    manifest_digests: Mapping[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the chosen manifests tile the key-group space: one per partition 0..P-1, each
+        # published for this very checkpoint and partition (ranges are checked on read)
+        if sorted(self.manifests) != list(range(self.parallelism)):
+            raise CorruptStateError(
+                f"{self.path}: record of checkpoint {self.checkpoint_id} names partitions "
+                f"{sorted(self.manifests)}, expected 0..{self.parallelism - 1}",
+                path=self.path, checkpoint_id=self.checkpoint_id)
+        for p, rel in self.manifests.items():
+            prefix = f"{checkpoint_dir(self.checkpoint_id)}/p{p}/"
+            if not rel.startswith(prefix) or rel.count("/") != 3 \
+                    or not rel.endswith("/" + MANIFEST_NAME):
+                raise CorruptStateError(
+                    f"{self.path}: record of checkpoint {self.checkpoint_id} names {rel} for "
+                    f"partition {p}, which is not a manifest of that checkpoint and partition "
+                    f"({prefix}<attempt>/{MANIFEST_NAME})", path=self.path, partition=p,
+                    checkpoint_id=self.checkpoint_id)
+
+    def check_manifest(self, partition: int, manifest: PartitionManifest, raw: bytes,
+                       where: str) -> None:
+        """Check the manifest read for ``partition`` (``raw``: its bytes) against this
+        record: the digest recorded for it, and the checkpoint, partition, operator and
+        key-group range it describes.
+
+        Raises
+        ------
+        CorruptStateError
+            Naming the manifest's path.
+        """
+        def bad(what: str) -> CorruptStateError:
+            return CorruptStateError(
+                f"{where}: {what}; the record {self.path} of checkpoint "
+                f"{self.checkpoint_id} names it for partition {partition}, so the store was "
+                f"changed after completion: restore from another retained checkpoint",
+                checkpoint_id=self.checkpoint_id, partition=partition, path=where)
+
+        digest = self.manifest_digests.get(partition)
+        if digest is not None and digest != manifest_digest(raw):
+            raise bad(f"manifest is {manifest_digest(raw)}, its record says {digest}")
+        if (manifest.checkpoint_id, manifest.partition) != (self.checkpoint_id, partition):
+            raise bad(f"manifest describes checkpoint {manifest.checkpoint_id} partition "
+                      f"{manifest.partition}")
+        if manifest.operator_id != self.operator_id:
+            raise bad(f"manifest belongs to operator {manifest.operator_id!r}")
+        want = _kg_range(partition, self.parallelism, self.max_parallelism)
+        got = (manifest.key_group_start, manifest.key_group_end)
+        if manifest.max_parallelism != self.max_parallelism or got != want:
+            raise bad(f"manifest covers key groups {got[0]}-{got[1]} of "
+                      f"{manifest.max_parallelism}, partition {partition} of "
+                      f"{self.parallelism} owns {want[0]}-{want[1]} of "
+                      f"{self.max_parallelism}")
 
     @property
     def path(self) -> str:
@@ -321,6 +377,7 @@ class CompletedCheckpoint:
     def to_json(self) -> str:
         d = asdict(self)
         d["manifests"] = {str(k): v for k, v in sorted(self.manifests.items())}
+        d["manifest_digests"] = {str(k): v for k, v in sorted(self.manifest_digests.items())}
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -331,12 +388,27 @@ class CompletedCheckpoint:
                 raise CorruptStateError(f"{where}: record format {d.get('format_version')!r} "
                                         f"is not supported", path=where)
             d["manifests"] = {int(k): check_relative(v) for k, v in d["manifests"].items()}
+            d["manifest_digests"] = {int(k): str(v)
+                                     for k, v in d.get("manifest_digests", {}).items()}
             return cls(**d)
         except CorruptStateError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"{where}: completed-checkpoint record is truncated or "
                                     f"malformed ({exc})", path=where) from exc
+
+
+def manifest_digest(raw: bytes) -> str:
+    """``<bytes>:crc32:<hex>`` of a manifest's bytes, as records keep it."""
+    return f"{len(raw)}:crc32:{zlib.crc32(raw) & 0xFFFFFFFF:08x}"
+
+
+def _kg_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
+    # keygroups.key_group_range's rule, restated on plain ints (this module imports nothing
+    # of the project but errors): p owns [ceil(p*M/P), ceil((p+1)*M/P) - 1]
+    start = -(-partition * max_parallelism // parallelism)
+    end = -(-(partition + 1) * max_parallelism // parallelism) - 1
+    return start, end
 
 
 def choose_manifest(candidates: list[PartitionManifest]) -> PartitionManifest:

@@ -76,6 +76,7 @@ from ..checkpoint.manifest import (
     checkpoint_dir,
     choose_manifest,
     completed_record_path,
+    manifest_digest,
 )
 from ..errors import (
     CheckpointError,
@@ -292,6 +293,7 @@ class CheckpointCoordinator:
         # Published manifests read so far, by checkpoint id then path: the protected set
         # is made from those of the latest checkpoint, so they are not read twice.
         self._published: dict[int, dict[str, PartitionManifest]] = {}
+        self._digests: dict[str, str] = {}  # manifest path -> digest of the bytes read
         # The listing of chk-<latest>/ taken when it completed: the protected set is made
         # from it instead of listing again at every collection.
         self._listings: dict[int, frozenset[str]] = {}
@@ -469,14 +471,17 @@ class CheckpointCoordinator:
             manifests={p: m.path for p, m in chosen.items()},
             full_size=sum(m.full_size for m in ms),
             incremental_size=sum(m.incremental_size for m in ms),
-            created_at_ms=int(self._clock() * 1000), committed=committed)
+            created_at_ms=int(self._clock() * 1000), committed=committed,
+            manifest_digests={p: self._digests[m.path] for p, m in chosen.items()
+                              if m.path in self._digests})
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
-            del self._published[n]
+            for rel in self._published.pop(n):
+                self._digests.pop(rel, None)
         self._listings = {checkpoint_id: listing}
         counts1 = self.store.request_counts()
         if counts0 is not None and counts1 is not None:
@@ -511,11 +516,19 @@ class CheckpointCoordinator:
         todo = [rel for rel in rels if rel not in cache]
         if len(todo) > 1:
             # parsed in the reading threads, while other reads still wait for the store
-            parsed = self.store.get_bytes_many(
-                [self._abs(r) for r in todo],
-                then=lambda path, raw: _parse_or_error(raw, path[len(self.operator_id) + 1:]))
+            parsed = self.store.get_bytes_many([self._abs(r) for r in todo],
+                                               then=self._digest_and_parse)
             for rel, m in zip(todo, parsed):
                 self._parse_published(checkpoint_id, rel, m)
+
+    def _digest_and_parse(self, path: str, raw: bytes | None
+                          ) -> PartitionManifest | Exception | None:
+        """In a reading thread: remember the digest of a manifest's bytes (the record of
+        its checkpoint keeps it), then parse it."""
+        rel = path[len(self.operator_id) + 1:]
+        if raw is not None:
+            self._digests[rel] = manifest_digest(raw)
+        return _parse_or_error(raw, rel)
 
     def _choose(self, checkpoint_id: int, partition: int, rels: list[str],
                 listing: frozenset[str]) -> PartitionManifest | None:
@@ -543,7 +556,8 @@ class CheckpointCoordinator:
             raw = self.store.get_bytes(self._abs(rel))
         except FileNotFoundError:
             raw = None
-        return self._parse_published(checkpoint_id, rel, raw)
+        return self._parse_published(checkpoint_id, rel,
+                                     self._digest_and_parse(self._abs(rel), raw))
 
     def _parse_published(self, checkpoint_id: int, rel: str,
                          raw: bytes | PartitionManifest | Exception | None
@@ -677,6 +691,7 @@ class CheckpointCoordinator:
                                         f"partition {p} is missing", path=rel, partition=p,
                                         checkpoint_id=rec.checkpoint_id)
             m = PartitionManifest.from_json(raw, where=rel)
+            rec.check_manifest(p, m, raw, rel)
             if verify:
                 sizes = self.store.sizes([self._abs(f.path) for f in m.files])
                 for f, got in zip(m.files, sizes):
@@ -929,6 +944,7 @@ class CheckpointCoordinator:
                                         f"to sweep again from the oldest record",
                                         path=WATERMARK_PATH) from exc
             self._published.clear()
+            self._digests.clear()
             self._listings.clear()
             reg = self._registry
         if records and collect:
@@ -942,7 +958,9 @@ class CheckpointCoordinator:
         raws = self.store.get_bytes_many([self._abs(rel) for _p, rel in items])
         for (p, rel), raw in zip(items, raws):
             if raw is not None:
-                manifests.append(PartitionManifest.from_json(raw, where=rel))
+                m = PartitionManifest.from_json(raw, where=rel)
+                record.check_manifest(p, m, raw, rel)
+                manifests.append(m)
             elif must_exist:
                 # Another coordinator of this operator (an earlier backend object of this
                 # driver finishing its last completion) deletes a subsumed checkpoint's

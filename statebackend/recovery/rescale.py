@@ -40,7 +40,7 @@ from ..keygroups import KeyGroupRange, key_group_range, rescale_sources
 from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.reader import SavepointReader, check_max_parallelism
 from ..savepoint.writer import GLOBAL_COLUMN_FAMILIES
-from ..storage.manifests import read_manifest
+from ..storage.manifests import read_recorded_manifests
 from .local import LocalCopyError, LocalRecovery
 
 __all__ = [
@@ -204,7 +204,7 @@ def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheck
                                      f"{missing} of its parallelism {record.parallelism}")
     # Largest overlap first; ties go to the lower old partition (deterministic).
     ordered = sorted(sources, key=lambda s: (-len(s[1]), s[0]))
-    manifests = {q: read_manifest(checkpointer.store, record.manifests[q]) for q, _ in sources}
+    manifests = read_recorded_manifests(checkpointer.store, record, [q for q, _ in sources])
     base_q = ordered[0][0]
     instance, base_metrics = checkpointer.restore(manifests[base_q])
     metrics = RescaleMetrics(p, (target.start, target.end), "rescaled_checkpoint", base_q,

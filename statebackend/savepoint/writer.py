@@ -32,7 +32,7 @@ from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
-from ..storage.manifests import operator_store, read_manifest
+from ..storage.manifests import operator_store, read_manifest, read_recorded_manifests
 from .format import (
     GLOBAL_KEY_GROUP,
     MAGIC,
@@ -238,8 +238,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     key_info: dict[str, list[str]] = {}
     done_bytes = 0
     try:
+        recorded = read_recorded_manifests(op_store, record)
         for i, p in enumerate(sorted(record.manifests)):
-            m = read_manifest(op_store, record.manifests[p])
+            m = recorded[p]
             for k in ("key_columns", "key_types"):
                 # How grouping keys decode: a max_parallelism migration rehashes them.
                 if k not in key_info and m.metrics.get(k):

@@ -51,7 +51,7 @@ from ..state.schema import Schema, parse_ddl
 from ..state.timers import TIMERS_CF
 from ..state.value import decode_block
 from ..storage.base import DurableStore
-from ..storage.manifests import operator_store, read_manifest
+from ..storage.manifests import operator_store, read_recorded_manifests
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,7 +125,7 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)
-    manifests = {p: read_manifest(ostore, rel) for p, rel in sorted(record.manifests.items())}
+    manifests = read_recorded_manifests(ostore, record)
     states: dict[str, StateDescriptor] = {}
     recorded: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
     for m in manifests.values():

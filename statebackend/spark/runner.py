@@ -35,7 +35,7 @@ from ..storage.manifests import (
     list_published_manifests,
     operator_store,
     read_completed_record,
-    read_manifest,
+    read_recorded_manifests,
 )
 from .plan import KG_COL
 from .task import (
@@ -113,11 +113,7 @@ def resolve_base(store, partition: int, checkpoint_id: int,
     if checkpoint_id < 0:
         return None
     if record is not None:
-        if partition not in record.manifests:
-            raise IncompatibleStateError(
-                f"checkpoint {checkpoint_id} has no partition {partition} "
-                f"(it was written with parallelism {record.parallelism})")
-        return read_manifest(store, record.manifests[partition])
+        return read_recorded_manifests(store, record, [partition])[partition]
     published = list_published_manifests(store, checkpoint_id, partition)
     if kg_range is not None:
         # attempts of another layout (a run with another parallelism that died before
@@ -130,7 +126,7 @@ def resolve_base(store, partition: int, checkpoint_id: int,
         # did not choose may be deleted), so look once more.
         record = read_completed_record(store, checkpoint_id)
         if record is not None and record.manifests.get(partition) not in (None, chosen.path):
-            return read_manifest(store, record.manifests[partition])
+            return read_recorded_manifests(store, record, [partition])[partition]
         return chosen
     return None
 

@@ -88,6 +88,44 @@ def read_manifests(store: DurableStore, paths: list[str], *, operator_id: str | 
     return out
 
 
+def read_recorded_manifests(store: DurableStore, record: CompletedCheckpoint,
+                            partitions: list[int] | None = None, *,
+                            operator_id: str | None = None) -> dict[int, PartitionManifest]:
+    """The manifests a completed-checkpoint record names (all, or those of
+    ``partitions``), read in parallel, each checked against the record: the digest it
+    recorded, and the checkpoint, partition, operator and key groups the manifest
+    describes (:meth:`CompletedCheckpoint.check_manifest`).
+
+    Raises
+    ------
+    CorruptStateError
+        A manifest is missing, malformed or not the one the record chose, naming its path.
+    IncompatibleStateError
+        The record has no such partition (it was written with another parallelism).
+    """
+    from ..errors import IncompatibleStateError
+
+    ostore = operator_store(store, operator_id)
+    parts = sorted(record.manifests) if partitions is None else list(partitions)
+    for p in parts:
+        if p not in record.manifests:
+            raise IncompatibleStateError(
+                f"checkpoint {record.checkpoint_id} has no partition {p} (it was written "
+                f"with parallelism {record.parallelism})")
+    paths = [record.manifests[p] for p in parts]
+    out = {}
+    for p, path, raw in zip(parts, paths, ostore.get_bytes_many(paths)):
+        if raw is None:
+            raise CorruptStateError(
+                f"{path}: the manifest of partition {p} that {record.path} names is missing; "
+                f"restore from another retained checkpoint", checkpoint_id=record.checkpoint_id,
+                partition=p, path=path)
+        manifest = _parse(raw, path, operator_id)
+        record.check_manifest(p, manifest, raw, path)
+        out[p] = manifest
+    return out
+
+
 def _parse(raw: bytes, path: str, operator_id: str | None) -> PartitionManifest:
     manifest = PartitionManifest.from_json(raw, where=path)
     if manifest.path != path:

@@ -3,13 +3,14 @@ checkpoint modes, on state written without Spark (tests/cli/conftest.py ``built`
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
 
 import pytest
 
-from statebackend.checkpoint.manifest import PartitionManifest
+from statebackend.checkpoint.manifest import PartitionManifest, manifest_digest
 from statebackend.checkpoint.restore import open_checkpoint
 from statebackend.cli import main
 from statebackend.errors import CorruptStateError
@@ -40,13 +41,26 @@ def manifest_file(url: str, n: int, p: int) -> str:
     return os.path.join(url, "op", record(url, n)["manifests"][str(p)])
 
 
-def edit_manifest(url: str, n: int, p: int, change) -> dict:
+def edit_manifest(url: str, n: int, p: int, change, *, resign: bool = True) -> dict:
+    """Edit a manifest as valid JSON. ``resign``: also update the digest its record keeps,
+    as an editor who knows the format would, so the checks behind the digest are tested
+    (without it the digest alone reports the edit)."""
     path = manifest_file(url, n, p)
     with open(path) as fh:
         d = json.load(fh)
     change(d)
     with open(path, "w") as fh:
         json.dump(d, fh)
+    if resign:
+        with open(path, "rb") as fh:
+            digest = manifest_digest(fh.read())
+        for rec_path in glob.glob(os.path.join(url, "op", "_checkpoints", "chk-*.json")):
+            with open(rec_path) as fh:
+                rec = json.load(fh)
+            if rec["manifests"].get(str(p)) == os.path.relpath(path, os.path.join(url, "op")):
+                rec.setdefault("manifest_digests", {})[str(p)] = digest
+                with open(rec_path, "w") as fh:
+                    json.dump(rec, fh)
     return d
 
 
@@ -149,7 +163,9 @@ def test_a_record_pointing_at_another_checkpoints_manifest_is_reported(capsys, b
     rec["manifests"]["0"] = record(url, n - 1)["manifests"]["0"]
     write_record(url, n, rec)
     got = problems(capsys, url, str(n))
-    assert any(x["partition"] == 0 and f"manifest of checkpoint {n - 1} partition 0" in x["what"]
+    # the record itself is refused: it names a manifest of another checkpoint
+    assert any(x["partition"] == 0 and x["path"] == f"_checkpoints/chk-{n}.json"
+               and "not a manifest of that checkpoint and partition" in x["what"]
                for x in got), got
 
 
@@ -208,3 +224,22 @@ def test_read_of_a_damaged_snapshot_is_a_typed_error(built_copy):
     with pytest.raises(CorruptStateError) as err:
         list(read_rows(open_store(url), "op", key_types=["string"]))
     assert err.value.partition == p and err.value.checkpoint_id == n
+
+
+def test_a_manifest_edited_after_completion_fails_its_records_digest(capsys, built_copy):
+    # valid JSON, a plausible change (one SST entry fewer), the record left as it was: the
+    # digest the record keeps tells, in verify and in every reader that restores
+    from statebackend.storage.manifests import read_completed_record, read_recorded_manifests
+
+    url = built_copy.url
+    n, p, sst = latest_with_sst(url)
+    edit_manifest(url, n, p, lambda d: d.update(
+        files=[f for f in d["files"] if f["name"] != sst]), resign=False)
+    got = problems(capsys, url, str(n))
+    assert [(x["checkpoint_id"], x["partition"]) for x in got] == [(n, p)]
+    assert "its record says" in got[0]["what"], got
+    ostore = open_store(os.path.join(url, "op"))
+    rec = read_completed_record(ostore, n)
+    with pytest.raises(CorruptStateError, match="its record says") as info:
+        read_recorded_manifests(ostore, rec)
+    assert info.value.path == rec.manifests[p] and info.value.partition == p
