@@ -530,6 +530,11 @@ def cmd_migrate_savepoint(args: argparse.Namespace, out: TextIO) -> int:
     from .savepoint.migrate import migrate_savepoint
     from .savepoint.writer import savepoint_dir
 
+    for flag, value in (("--max-parallelism", args.max_parallelism),
+                        ("--parallelism", args.parallelism)):
+        if value is not None and value < 1:
+            sys.stderr.write(f"statebackend: {flag} must be at least 1, got {value}\n")
+            return EXIT_USAGE
     store = _open(args)
     key_types = [t.strip() for t in args.key_types.split(",")] if args.key_types else None
     try:
@@ -654,9 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("name", metavar="NAME", help="the savepoint to read")
     p.add_argument("new_name", metavar="NEW_NAME", help="the savepoint to write (must not exist)")
-    p.add_argument("--max-parallelism", type=_count(1), required=True, metavar="M",
+    # ranges checked by cmd_migrate_savepoint (exit 2 returned, not raised: main() callers
+    # get the code back as for every other check after parsing)
+    p.add_argument("--max-parallelism", type=_count(-(2 ** 63)), required=True, metavar="M",
                    help="key groups of the new savepoint")
-    p.add_argument("--parallelism", type=_count(1), default=None, metavar="P",
+    p.add_argument("--parallelism", type=_count(-(2 ** 63)), default=None, metavar="P",
                    help="data files (partitions) of the new savepoint; default the source's")
     p.add_argument("--key-types", default=None,
                    help="grouping-key types, comma separated, if the savepoint lacks them")
