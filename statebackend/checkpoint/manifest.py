@@ -66,6 +66,23 @@ def completed_record_path(checkpoint_id: int) -> str:
     return f"{CHECKPOINTS_DIR}/{checkpoint_dir(checkpoint_id)}.json"
 
 
+# The id of the newest completed checkpoint, written after its record: a record deleted
+# or lost afterwards is then missing, not silently replaced by the one before it.
+LATEST_PATH = f"{CHECKPOINTS_DIR}/LATEST.json"
+
+
+def latest_pointer(checkpoint_id: int) -> bytes:
+    return json.dumps({"checkpoint_id": checkpoint_id}).encode()
+
+
+def parse_latest_pointer(raw: bytes) -> int:
+    try:
+        return int(json.loads(raw)["checkpoint_id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
+                                f"completed checkpoint", path=LATEST_PATH) from exc
+
+
 def check_component(name: str) -> str:
     """A single path component made only of safe characters (no '/', no '..')."""
     if not _SAFE_COMPONENT.match(name) or name in (".", ".."):

@@ -69,6 +69,7 @@ from ..checkpoint.fencing import (
 )
 from ..checkpoint.manifest import (
     CHECKPOINTS_DIR,
+    LATEST_PATH,
     MANIFEST_NAME,
     CompletedCheckpoint,
     PartitionManifest,
@@ -76,7 +77,9 @@ from ..checkpoint.manifest import (
     checkpoint_dir,
     choose_manifest,
     completed_record_path,
+    latest_pointer,
     manifest_digest,
+    parse_latest_pointer,
 )
 from ..errors import (
     CheckpointError,
@@ -164,14 +167,43 @@ def completed_ids(ostore: DurableStore) -> list[int]:
 
 
 def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
-    """The newest completed-checkpoint record of an operator, or None (for restoring tasks)."""
+    """The newest completed-checkpoint record of an operator, or None (for restoring tasks).
+
+    Raises
+    ------
+    CorruptStateError
+        ``_checkpoints/LATEST.json`` names a newer checkpoint whose record is missing (a
+        reader would otherwise silently serve the one before it).
+    """
     prefix = f"{check_component(operator_id)}/"
-    for _n, rel in sorted(listed_records(store, operator_id).items(), reverse=True):
+    listed = listed_records(store, operator_id)
+    newest = read_latest_pointer(store, prefix)
+    if newest is not None and newest > max(listed, default=-1):
+        raise missing_latest(newest, f"{store.root}/{operator_id}")
+    for _n, rel in sorted(listed.items(), reverse=True):
         try:
             return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
         except FileNotFoundError:
             continue  # discarded between the listing and the read; an older one is newer now
     return None
+
+
+def read_latest_pointer(store: DurableStore, prefix: str) -> int | None:
+    """The newest completed checkpoint id as ``_checkpoints/LATEST.json`` says (None:
+    none written yet)."""
+    try:
+        return parse_latest_pointer(store.get_bytes(prefix + LATEST_PATH))
+    except FileNotFoundError:
+        return None
+
+
+def missing_latest(checkpoint_id: int, where: str) -> CorruptStateError:
+    rel = completed_record_path(checkpoint_id)
+    return CorruptStateError(
+        f"{rel}: the record of checkpoint {checkpoint_id}, the newest completed one "
+        f"({LATEST_PATH} says so), is missing under {where}; older records would serve an "
+        f"older state. Restore the record from a backup, or let the query's next start "
+        f"rebuild it from the checkpoint's manifests", checkpoint_id=checkpoint_id, path=rel)
 
 
 def require_completed_record(store: DurableStore, operator_id: str,
@@ -478,6 +510,7 @@ class CheckpointCoordinator:
         # a crash from here on is finished by rebuild() from this record.
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
+        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(checkpoint_id))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
             for rel in self._published.pop(n):
@@ -946,10 +979,25 @@ class CheckpointCoordinator:
             self._published.clear()
             self._digests.clear()
             self._listings.clear()
+            self._recover_latest_record()
             reg = self._registry
         if records and collect:
             self._after_change()
         return reg
+
+    def _recover_latest_record(self) -> None:
+        """A record newer than every record listed was completed and is gone (deleted
+        by hand, lost): complete it again from its published manifests (the same choice,
+        so the same state), or refuse to go on from an older one (under the lock)."""
+        newest = read_latest_pointer(self.store, f"{self.operator_id}/")
+        latest = self._registry.latest_id
+        if newest is None or newest <= (-1 if latest is None else latest):
+            return
+        log.warning("operator %s: the record of checkpoint %d, the newest completed one, is "
+                    "missing; completing it again from its manifests", self.operator_id,
+                    newest)
+        if self._complete_locked(newest, committed=False) is None:
+            raise missing_latest(newest, f"{self.store.root}/{self.operator_id}")
 
     def _load(self, record: CompletedCheckpoint, *, must_exist: bool,
               listed: dict[int, str]) -> RegisteredCheckpoint:

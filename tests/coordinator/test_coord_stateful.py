@@ -312,7 +312,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         refs = set().union(*(referenced_paths(self.completed[r].values()) for r in retained))
         meta = ({completed_record_path(r) for r in retained} | {f"_pins/chk-{r}" for r in self.pins}
                 | {"_gc/swept.json"})
-        assert all_files(self.raw) == refs | meta
+        assert all_files(self.raw) - {"_checkpoints/LATEST.json"} == refs | meta
 
     # --- invariants ---------------------------------------------------------------------
 
@@ -346,7 +346,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
                             for f in files if f.startswith(f"chk-{latest}/")
                             and f.endswith("/" + MANIFEST_NAME)]
         protected = referenced_paths(latest_manifests)
-        allowed = refs | protected | {"_gc/swept.json"} | {f"_pins/chk-{r}" for r in self.pins}
+        allowed = (refs | protected | {"_gc/swept.json", "_checkpoints/LATEST.json"}
+                   | {f"_pins/chk-{r}" for r in self.pins})
         for n in self.completed:
             if not self.raw.exists(f"{OP}/{completed_record_path(n)}"):
                 continue
