@@ -505,7 +505,8 @@ def rows_to_pandas(rows: Iterable[StateRow], view: StateView,
             rec.update(zip(key_cols, r.key))
             if r.user_key is not None:
                 rec.update(zip([f"user_key.{n}" for n in unames], r.user_key))
-            rec.update(zip([f"value.{n}" for n in vnames], r.value))
+            if r.value is not None:  # null in a change feed's deletes
+                rec.update(zip([f"value.{n}" for n in vnames], r.value))
             records.append(rec)
     else:
         names = {d.name: (value_schema(d).names,
