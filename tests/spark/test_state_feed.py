@@ -204,3 +204,36 @@ def _values(store, row):
     from statebackend.spark.read_state import value_schema
 
     return dict(zip(value_schema(d).names, row.value))
+
+
+def test_cli_changes_writes_the_feed(run, tmp_path):
+    import io
+
+    import pandas as pd
+
+    from statebackend.cli import main
+    from statebackend.spark.changes import changes_to_pandas
+
+    _be, store, ids, _mode = run
+    out = io.StringIO()
+    path = str(tmp_path / "changes.parquet")
+    assert main(["changes", store.root, "feed", "--from", "1", "--to", str(ids[-1]), "-o", path,
+                 "--json", "-q"], out) == 0
+    summary = json.loads(out.getvalue())
+    got = pd.read_parquet(path)
+    plan = plan_changes(store, "feed", 1, ids[-1])
+    want = changes_to_pandas(change_rows(store, "feed", 1, ids[-1], plan=plan), plan)
+    pd.testing.assert_frame_equal(got, want)
+    assert list(got.columns[:4]) == ["batch_id", "operation", "partition_id", "key.k"]
+    assert summary["rows"] == len(got) == summary["put"] + summary["delete"] > 0
+    out = io.StringIO()  # one state, typed columns, CSV on standard output
+    assert main(["changes", store.root, "feed", "--from", "0", "--to", "2", "--state", "m",
+                 "-o", "-", "--partition", "1"], out) == 0
+    csv = pd.read_csv(io.StringIO(out.getvalue()))
+    rows = list(change_rows(store, "feed", 0, 2, "m", partitions=[1]))
+    assert list(csv.columns) == ["batch_id", "operation", "partition_id", "key.k", "state_name",
+                                 "user_key.sub", "value.c", "expiration_ms"]
+    assert len(csv) == len(rows) > 0 and set(csv["partition_id"]) == {1}
+    assert list(zip(csv["operation"], csv["key.k"], csv["user_key.sub"])) == [
+        (r.operation, r.key[0], r.user_key[0]) for r in rows]
+    assert main(["changes", store.root, "feed", "--from", "2", "--to", "1", "-o", path]) != 0
