@@ -395,7 +395,7 @@ def read_changes(spark: SparkSession, checkpoint_location: str, operator_id: str
     :func:`change_rows`; the executors must reach ``checkpoint_location``.
     """
     from ..storage import open_store
-    from .read_state import distribute
+    from .read_state import unit_dataframe
 
     store = open_store(checkpoint_location, storage_options=storage_options)
     plan = plan_changes(store, operator_id, from_id, to_id, key_types=key_types)
@@ -406,15 +406,14 @@ def read_changes(spark: SparkSession, checkpoint_location: str, operator_id: str
              for d in plan.view.states.values()}
     typed = state_name is not None
 
-    def read(indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
-        for i in indexes:
-            for r in unit_changes(store, plan, units[i], states):
-                if typed:
-                    yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
-                           r.user_key, r.value, r.expiration_ms)
-                else:
-                    vn, un = names[r.state_name]
-                    yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
-                           _as_json(un, r.user_key), _as_json(vn, r.value), r.expiration_ms)
+    def produce(i: int) -> Iterator[tuple[Any, ...]]:
+        for r in unit_changes(store, plan, units[i], states):
+            if typed:
+                yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
+                       r.user_key, r.value, r.expiration_ms)
+            else:
+                vn, un = names[r.state_name]
+                yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
+                       _as_json(un, r.user_key), _as_json(vn, r.value), r.expiration_ms)
 
-    return spark.createDataFrame(distribute(spark, len(units)).mapPartitions(read), schema)
+    return unit_dataframe(spark, len(units), schema, produce)

@@ -237,3 +237,38 @@ def test_cli_changes_writes_the_feed(run, tmp_path):
     assert list(zip(csv["operation"], csv["key.k"], csv["user_key.sub"])) == [
         (r.operation, r.key[0], r.user_key[0]) for r in rows]
     assert main(["changes", store.root, "feed", "--from", "2", "--to", "1", "-o", path]) != 0
+
+
+ARROW_DDL = ("i INT, s STRUCT<a: BIGINT, b: STRING, d: DATE, x: DECIMAL(10,2), f: DOUBLE, "
+             "bin: BINARY, ok: BOOLEAN, arr: ARRAY<STRUCT<q: INT>>>, n STRING")
+PICKLED_DDL = "i INT, s STRUCT<t: TIMESTAMP, m: MAP<STRING, BIGINT>>, n STRING"
+
+
+def _unit_rows(ddl, i):
+    import datetime as dt
+    import decimal
+
+    for j in range(3):
+        if ddl == ARROW_DDL:
+            s = None if j == 2 else (j * 10**12, f"b{i}{j}", dt.date(2026, 1, 1 + j),
+                                     decimal.Decimal(f"{j}.25"), j / 3, bytes([i, j]), j == 1,
+                                     [(j,), None] if j else [])
+        else:
+            s = None if j == 2 else (dt.datetime(2026, 1, 1, 12, j, 0, 123456),
+                                     {"a": j, "b": None})
+        yield (i, s, None if j == 1 else f"n{j}")
+
+
+@pytest.mark.parametrize("ddl", [ARROW_DDL, PICKLED_DDL], ids=["arrow", "pickled"])
+def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
+    """The executors' rows (Arrow batches, or pickled rows for timestamps and maps) give the
+    values the driver reader's createDataFrame gives, one partition per unit."""
+    from functools import partial
+
+    from statebackend.spark.read_state import unit_dataframe
+
+    df = unit_dataframe(spark, 3, ddl, partial(_unit_rows, ddl))
+    assert df.rdd.getNumPartitions() == 3
+    want = spark.createDataFrame([r for i in range(3) for r in _unit_rows(ddl, i)], ddl)
+    assert df.schema == want.schema
+    assert df.collect() == want.collect()
