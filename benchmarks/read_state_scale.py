@@ -18,7 +18,7 @@ JSON text (the JSON encoding then costs more than the reading).
 
 Each read is forced with ``df.write.format("noop")`` (every row computed, nothing
 written). Per read: seconds from the call to the end of the write, the driver Python
-process's peak RSS (``ru_maxrss``) and its RSS before the read (after Spark started), and
+process's peak RSS (``VmHWM``) and its RSS before the read (after Spark started), and
 the JVM's peak RSS (``VmHWM``; in local mode the executors live in that JVM too).
 Prints the median of each figure and writes ``read_state_scale.json`` in ``--out``.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -134,7 +133,9 @@ def read_once(durable: str, mode: str, master: str, driver_memory: str,
         rows = df.count()
     out = {"mode": mode, "seconds": seconds, "partitions": df.rdd.getNumPartitions(),
            "driver_rss_before_bytes": rss_before,
-           "driver_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent that
+           # forked this process (which built the state: hundreds of MiB)
+           "driver_peak_rss_bytes": _vm_hwm(os.getpid()),
            "jvm_peak_rss_bytes": _vm_hwm(jvm_pid), "rows": rows}
     spark.stop()
     return out

@@ -272,3 +272,32 @@ def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
     want = spark.createDataFrame([r for i in range(3) for r in _unit_rows(ddl, i)], ddl)
     assert df.schema == want.schema
     assert df.collect() == want.collect()
+
+
+def test_distributed_readers_on_local_cluster(spark, run):
+    """On local-cluster[2,1,1024] (executors in their own JVMs and Python workers) both
+    distributed readers give exactly the driver's rows."""
+    import os
+    import subprocess
+    import sys
+
+    be, store, ids, _mode = run
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, os.path.join(here, "cluster_read.py"), store.root,
+                           "feed", "1", str(ids[-1])], env=env, capture_output=True, text=True,
+                          timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    for c in ids:
+        want = [r.asDict(recursive=True) for r in
+                be.read_state(spark, "feed", checkpoint_id=c, distributed=False).collect()]
+        assert got["state"][str(c)] == want and want, c
+    want = [(r.batch_id, r.operation, r.partition_id, list(r.key), r.state_name)
+            for r in change_rows(store, "feed", 1, ids[-1])]
+    assert [(r["batch_id"], r["operation"], r["partition_id"], [r["key"]["k"]],
+             r["state_name"]) for r in got["changes"]] == want and want
