@@ -364,9 +364,12 @@ class RocksDBStateBackend:
         return checkpoint_stats(coord.store, operator_id, checkpoint_id)
 
     def read_state(self, spark: SparkSession, operator_id: str,
-                   checkpoint_id: int | None = None, state_name: str | None = None) -> DataFrame:
-        """The state of a completed checkpoint as a DataFrame of (partition_id, key,
-        state_name, user_key, value, expiration_ms), like Spark's ``statestore`` source.
+                   checkpoint_id: int | None = None, state_name: str | None = None, *,
+                   savepoint: str | None = None, distributed: bool = True) -> DataFrame:
+        """The state of a completed checkpoint (or of a savepoint) as a DataFrame of
+        (partition_id, key, state_name, user_key, value, expiration_ms), like Spark's
+        ``statestore`` source; one Spark task reads each partition on an executor
+        (``distributed=False``: the driver reads them all).
 
         See :func:`statebackend.spark.read_state.read_state`.
         """
@@ -374,7 +377,21 @@ class RocksDBStateBackend:
 
         return read_state(spark, self.checkpoint_location, operator_id,
                           checkpoint_id=checkpoint_id, state_name=state_name,
+                          savepoint=savepoint, distributed=distributed,
                           storage_options=self.storage_options or None)
+
+    def read_changes(self, spark: SparkSession, operator_id: str, from_id: int, to_id: int,
+                     state_name: str | None = None) -> DataFrame:
+        """What was put and deleted from checkpoint ``from_id`` to ``to_id`` (both retained)
+        as a DataFrame of (batch_id, operation, partition_id, key, state_name, user_key,
+        value, expiration_ms), one Spark task per partition.
+
+        See :mod:`statebackend.spark.changes`.
+        """
+        from .spark.changes import read_changes
+
+        return read_changes(spark, self.checkpoint_location, operator_id, from_id, to_id,
+                            state_name, storage_options=self.storage_options or None)
 
     # --- failure handling ---------------------------------------------------------------
 

@@ -493,6 +493,41 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
+    """What was put and deleted between two retained checkpoints, to Parquet or CSV."""
+    from .spark.changes import change_rows, changes_to_pandas, plan_changes
+
+    store = _open(args)
+    key_types = args.key_types.split(",") if args.key_types else None
+    plan = plan_changes(store, args.operator, args.from_id, args.to_id, key_types=key_types)
+    with _progress(args, "changes", "partitions") as bar:
+        rows = list(change_rows(store, args.operator, args.from_id, args.to_id, args.state,
+                                partitions=args.partition or None, plan=plan, progress=bar))
+    frame = changes_to_pandas(rows, plan, args.state)
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "csv":
+        frame.to_csv(out if args.output == "-" else args.output, index=False)
+        if args.output == "-":
+            return EXIT_OK
+    elif args.output == "-":
+        raise StateBackendError("Parquet cannot go to standard output; give a file name "
+                                "or use --format csv")
+    else:
+        frame.to_parquet(args.output, index=False)
+    counts = {op: int((frame["operation"] == op).sum()) for op in ("put", "delete")}
+    sources = {"changelog" if u.changelogs is not None else "compare" for u in plan.units}
+    if args.json:
+        out.write(json.dumps({"rows": len(frame), **counts, "from": args.from_id,
+                              "to": args.to_id, "state": args.state, "sources": sorted(sources),
+                              "output": args.output, "format": fmt}) + "\n")
+    else:
+        out.write(f"wrote {len(frame)} changes ({counts['put']} put, {counts['delete']} "
+                  f"delete rows) from checkpoint {args.from_id} to {args.to_id} "
+                  f"({', '.join(sorted(sources))}) to {args.output}\n")
+    return EXIT_OK
+
+
 def cmd_metrics(args: argparse.Namespace, out: TextIO) -> int:
     from .metrics import read_metrics
 
@@ -646,6 +681,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-types", default=None,
                    help="grouping-key types, comma separated, if the checkpoint lacks them")
     p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("changes", help="rows put and deleted between two checkpoints")
+    common(p)
+    p.add_argument("--from", dest="from_id", type=int, required=True, metavar="A",
+                   help="the older retained checkpoint")
+    p.add_argument("--to", dest="to_id", type=int, required=True, metavar="B",
+                   help="the newer retained checkpoint")
+    p.add_argument("--state", default=None,
+                   help="one state (typed columns); default every state, values as JSON")
+    p.add_argument("--partition", type=int, action="append",
+                   help="only this partition of B (repeatable)")
+    p.add_argument("-o", "--output", required=True,
+                   help="file to write (.parquet or .csv), or - for CSV on stdout")
+    p.add_argument("--format", choices=["parquet", "csv"], default=None)
+    p.add_argument("--key-types", default=None,
+                   help="grouping-key types, comma separated, if the checkpoints lack them")
+    p.set_defaults(func=cmd_changes)
 
     p = sub.add_parser("savepoint", help="write a self-contained savepoint of a checkpoint")
     common(p)

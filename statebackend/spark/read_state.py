@@ -21,8 +21,12 @@ expiration_ms   the TTL expiry of the entry (null without TTL)
 
 With ``state_name`` given, ``user_key`` and ``value`` are structs of that state's
 schemas; without it (every state at once, with different schemas) they are JSON text.
-The reading happens on the driver (or in the CLI's process): it is a debugging and
-migration tool, sized for state that fits one machine's disk, not a scan of a huge store.
+
+The unit of reading is a :class:`ReadUnit`: one partition of a checkpoint, or one data file
+(key-group range) of a savepoint. :func:`read_rows` reads the units one after the other in
+this process (the CLI, no Spark); :func:`read_state` gives a Spark DataFrame with one task
+per unit, each reading its unit on an executor, so the driver reads only the record and
+manifests (``distributed=False`` reads on the driver instead, as before).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +46,11 @@ from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateD
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateBackendError, StateError
 from ..keycodec import decode_grouping_key
+from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.base import EXPIRY
-from ..state.codec import RowCodec, compile_codec
+from ..state.codec import compile_codec
 from ..state.layout import decode_ts, split_composite
 from ..state.list import _elements
 from ..state.schema import Schema, parse_ddl
@@ -57,9 +63,15 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
+    from ..savepoint.format import SavepointManifest
+
 __all__ = [
+    "CheckpointView",
+    "ReadUnit",
+    "SavepointView",
     "StateRow",
     "load_checkpoint",
+    "load_savepoint",
     "read_partition",
     "read_rows",
     "read_state",
@@ -86,6 +98,23 @@ class StateRow:
 
 
 @dataclass(frozen=True)
+class ReadUnit:
+    """What one reader (a loop step on the driver, a Spark task) opens: one partition of a
+    checkpoint (``manifest``) or one data file of a savepoint (``savepoint`` and the key
+    groups it covers). Small and picklable: it is shipped to executors."""
+
+    partition: int
+    key_group_start: int
+    key_group_end: int
+    manifest: PartitionManifest | None = None
+    savepoint: str | None = None  # the savepoint's name (under the operator root)
+
+    @property
+    def full_size(self) -> int:
+        return self.manifest.full_size if self.manifest is not None else 0
+
+
+@dataclass(frozen=True)
 class CheckpointView:
     """A completed checkpoint's record and chosen manifests, with what decoding needs."""
 
@@ -94,6 +123,119 @@ class CheckpointView:
     key_columns: tuple[str, ...]
     key_types: tuple[str, ...]
     states: dict[str, StateDescriptor]
+
+    @property
+    def label(self) -> str:
+        return f"checkpoint {self.record.checkpoint_id} of {self.record.operator_id!r}"
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.record.checkpoint_id
+
+    def units(self) -> list[ReadUnit]:
+        """One unit per partition, in partition order."""
+        return [ReadUnit(p, m.key_group_start, m.key_group_end, manifest=m)
+                for p, m in sorted(self.manifests.items())]
+
+
+@dataclass(frozen=True)
+class SavepointView:
+    """A savepoint's manifest, with what decoding needs: read like a checkpoint whose
+    partitions are the savepoint's data files."""
+
+    manifest: SavepointManifest
+    key_columns: tuple[str, ...]
+    key_types: tuple[str, ...]
+    states: dict[str, StateDescriptor]
+
+    @property
+    def label(self) -> str:
+        return f"savepoint {self.manifest.name!r} of {self.manifest.operator_id!r}"
+
+    @property
+    def checkpoint_id(self) -> int | None:
+        return self.manifest.checkpoint_id
+
+    def units(self) -> list[ReadUnit]:
+        """One unit per data file, in key-group order."""
+        files = sorted(self.manifest.files.items(), key=lambda kv: kv[1]["key_group_start"])
+        return [ReadUnit(i, int(f["key_group_start"]), int(f["key_group_end"]),
+                         savepoint=self.manifest.name) for i, (_n, f) in enumerate(files)]
+
+
+StateView = CheckpointView | SavepointView
+
+
+def _key_columns(recorded: set[tuple[tuple[str, ...], tuple[str, ...]]],
+                 key_types: Sequence[str] | None, label: str
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if len(recorded) > 1:
+        raise CorruptStateError(f"{label}: partitions record different grouping-key types "
+                                f"{sorted(recorded)}")
+    types: tuple[str, ...]
+    columns: tuple[str, ...] = ()
+    if key_types is not None:
+        types = tuple(key_types)
+    elif recorded:
+        types, columns = next(iter(recorded))
+    else:
+        raise StateError(f"{label} does not record its grouping-key types (written by an "
+                         f"older version); pass them, e.g. key_types=['string'] (CLI: "
+                         f"--key-types string)")
+    if len(columns) != len(types):
+        columns = tuple(f"key_{i}" for i in range(len(types)))
+    return columns, types
+
+
+def load_savepoint(store: DurableStore, operator_id: str, name: str, *,
+                   key_types: Sequence[str] | None = None) -> SavepointView:
+    """Read the manifest of savepoint ``name`` of ``operator_id`` (only that file).
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No published savepoint of that name.
+    StateError
+        The key types are neither recorded nor given.
+    """
+    from ..savepoint.reader import SavepointReader
+    from ..savepoint.writer import savepoint_dir
+
+    m = SavepointReader(operator_store(store, operator_id).child(savepoint_dir(name))).manifest
+    label = f"savepoint {name!r} of {operator_id!r}"
+    recorded = set()
+    if m.metrics.get("key_types") is not None:
+        recorded.add((tuple(m.metrics["key_types"]), tuple(m.metrics.get("key_columns") or ())))
+    columns, types = _key_columns(recorded, key_types, label)
+    return SavepointView(m, columns, types, {d.name: d for d in m.states})
+
+
+@contextmanager
+def open_unit(store: DurableStore, operator_id: str, unit: ReadUnit,
+              temp_dir: str | None = None) -> Iterator[RocksDBInstance]:
+    """The state of ``unit``, downloaded (verified) into a private temporary directory and
+    opened there; closed and removed on exit. The durable state is only read."""
+    from ..savepoint.reader import SavepointReader
+    from ..savepoint.writer import savepoint_dir
+
+    ostore = operator_store(store, operator_id)
+    tmp = tempfile.mkdtemp(prefix=f"sb-read-p{unit.partition}-", dir=temp_dir)
+    try:
+        if unit.manifest is not None:
+            inst = open_checkpoint(ostore, unit.manifest, tmp)
+        else:
+            assert unit.savepoint is not None
+            inst = RocksDBInstance(tmp)
+            try:
+                SavepointReader(ostore.child(savepoint_dir(unit.savepoint))).restore_into(
+                    inst, KeyGroupRange(unit.key_group_start, unit.key_group_end))
+            except BaseException:
+                inst.close()
+                raise
+        with inst:
+            yield inst
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | None = None,
@@ -139,34 +281,19 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
         if m.metrics.get("key_types") is not None:
             recorded.add((tuple(m.metrics["key_types"]),
                           tuple(m.metrics.get("key_columns") or ())))
-    if len(recorded) > 1:
-        raise CorruptStateError(f"checkpoint {record.checkpoint_id}: partitions record "
-                                f"different grouping-key types {sorted(recorded)}",
-                                checkpoint_id=record.checkpoint_id)
-    types: tuple[str, ...]
-    columns: tuple[str, ...] = ()
-    if key_types is not None:
-        types = tuple(key_types)
-    elif recorded:
-        types, columns = next(iter(recorded))
-    else:
-        raise StateError(f"checkpoint {record.checkpoint_id} of {operator_id!r} does not "
-                         f"record its grouping-key types (written by an older version); pass "
-                         f"them, e.g. key_types=['string'] (CLI: --key-types string)")
-    if len(columns) != len(types):
-        columns = tuple(f"key_{i}" for i in range(len(types)))
+    columns, types = _key_columns(recorded, key_types,
+                                  f"checkpoint {record.checkpoint_id} of {operator_id!r}")
     return CheckpointView(record, manifests, columns, types, states)
 
 
-def select_states(view: CheckpointView, state_name: str | None) -> list[StateDescriptor]:
+def select_states(view: StateView, state_name: str | None) -> list[StateDescriptor]:
     """The descriptors to read: one named state, or every state (timers included)."""
     if state_name is None:
         return [view.states[n] for n in sorted(view.states)]
     d = view.states.get(state_name)
     if d is None:
-        raise StateError(f"checkpoint {view.record.checkpoint_id} of "
-                         f"{view.record.operator_id!r} has no state {state_name!r}; its states "
-                         f"are {sorted(view.states)}")
+        raise StateError(f"{view.label} has no state {state_name!r}; its states are "
+                         f"{sorted(view.states)}")
     return [d]
 
 
@@ -181,63 +308,123 @@ def user_key_schema(d: StateDescriptor) -> Schema | None:
 def read_partition(instance: RocksDBInstance, partition: int, key_types: Sequence[str],
                    states: Iterable[StateDescriptor]) -> Iterator[StateRow]:
     """Decode every entry of ``states`` in an open instance, in key order per state."""
-    types = list(key_types)
     existing = set(instance.column_family_names())
     for d in states:
         if d.name not in existing:
             continue  # declared elsewhere, never written here
-        yield from _read_cf(instance, partition, types, d)
+        dec = EntryDecoder(d, key_types)
+        name = d.name
+        for k, raw in instance.scan_range(name, b"", None):
+            for key, user_key, value, exp in dec.rows(k, raw):
+                yield StateRow(partition, key, name, user_key, value, exp)
 
 
-def _read_cf(instance: RocksDBInstance, partition: int, types: list[str],
-             d: StateDescriptor) -> Iterator[StateRow]:
-    ttl = d.ttl_ms is not None
-    codec: RowCodec = compile_codec(value_schema(d), f"state {d.name!r}")
-    decode = codec.decode
-    ukey = user_key_schema(d)
-    key_decode = compile_codec(ukey, f"map state {d.name!r} user key").decode if ukey else None
-    name = d.name
+Decoded = tuple[tuple[Any, ...], "tuple[Any, ...] | None", "tuple[Any, ...] | None", "int | None"]
+"""(key, user_key, value, expiration_ms) of one row."""
 
-    def split(raw: bytes) -> tuple[int | None, bytes]:
-        if ttl:
+
+class EntryDecoder:
+    """Turns the raw RocksDB entries of one state into rows (``rows``), and names what a
+    deleted entry was (``identity``): the grouping key, the map's user key, the timer's
+    timestamp.
+
+    Raises
+    ------
+    StateError
+        A state kind this reader does not know.
+    """
+
+    def __init__(self, d: StateDescriptor, key_types: Sequence[str]) -> None:
+        self.descriptor = d
+        self.kind = d.kind
+        if d.kind not in (*_VALUE_KINDS, "list", "map", "blocks") and not (
+                d.kind == "timers" and d.name == TIMERS_CF):
+            raise StateError(f"state {d.name!r} has kind {d.kind!r}, which this reader does "
+                             f"not know")
+        self.types = list(key_types)
+        self.ttl = d.ttl_ms is not None
+        self.decode = compile_codec(value_schema(d), f"state {d.name!r}").decode
+        ukey = user_key_schema(d)
+        self.key_decode = (compile_codec(ukey, f"map state {d.name!r} user key").decode
+                           if ukey else None)
+
+    def _split(self, raw: bytes) -> tuple[int | None, bytes]:
+        if self.ttl:
             return EXPIRY.unpack_from(raw)[0], raw[8:]
         return None, raw
 
-    for k, raw in instance.scan_range(d.name, b"", None):
-        if d.kind == "blocks":
-            for gk, payload in sorted(decode_block(d.name, k, raw).items()):
-                yield StateRow(partition, decode_grouping_key(gk, types)[1], name, None,
-                               decode(payload), None)
-        elif d.kind in _VALUE_KINDS:
-            key = decode_grouping_key(k, types)[1]
-            exp, payload = split(raw)
-            yield StateRow(partition, key, name, None, decode(payload), exp)
-        elif d.kind == "list":
-            key = decode_grouping_key(k, types)[1]
+    def grouping_key(self, gk: bytes) -> tuple[Any, ...]:
+        return decode_grouping_key(gk, self.types)[1]
+
+    def rows(self, k: bytes, raw: bytes) -> Iterator[Decoded]:
+        """The rows of one entry (a list gives one per element, a block one per key)."""
+        kind, decode = self.kind, self.decode
+        if kind in _VALUE_KINDS:
+            exp, payload = self._split(raw)
+            yield self.grouping_key(k), None, decode(payload), exp
+        elif kind == "list":
+            key = self.grouping_key(k)
             for e in _elements(raw):
-                exp, payload = split(e)
-                yield StateRow(partition, key, name, None, decode(payload), exp)
-        elif d.kind == "map":
+                exp, payload = self._split(e)
+                yield key, None, decode(payload), exp
+        elif kind == "map":
             gk, part = split_composite(k)
-            key = decode_grouping_key(gk, types)[1]
-            exp, payload = split(raw)
-            assert key_decode is not None
-            yield StateRow(partition, key, name, key_decode(part), decode(payload), exp)
-        elif d.kind == "timers" and name == TIMERS_CF:
+            exp, payload = self._split(raw)
+            assert self.key_decode is not None
+            yield self.grouping_key(gk), self.key_decode(part), decode(payload), exp
+        elif kind == "blocks":
+            for gk, payload in sorted(decode_block(self.descriptor.name, k, raw).items()):
+                yield self.grouping_key(gk), None, decode(payload), None
+        else:  # timers
             gk, part = split_composite(k)
-            yield StateRow(partition, decode_grouping_key(gk, types)[1], name, None,
-                           (decode_ts(part),), None)
-        else:
-            raise StateError(f"state {name!r} has kind {d.kind!r}, which this reader does "
-                             f"not know")
+            yield self.grouping_key(gk), None, (decode_ts(part),), None
+
+    def identity(self, k: bytes) -> Decoded:
+        """The row of a deleted entry: its identity, no value (a timer's value is its
+        timestamp, part of its identity). Not for blocks, whose entries hold many keys."""
+        if self.kind == "map":
+            gk, part = split_composite(k)
+            assert self.key_decode is not None
+            return self.grouping_key(gk), self.key_decode(part), None, None
+        if self.kind == "timers":
+            gk, part = split_composite(k)
+            return self.grouping_key(gk), None, (decode_ts(part),), None
+        return self.grouping_key(k), None, None, None
+
+
+def read_unit(store: DurableStore, operator_id: str, unit: ReadUnit,
+              key_types: Sequence[str], states: Sequence[StateDescriptor],
+              temp_dir: str | None = None) -> Iterator[StateRow]:
+    """Every entry of ``states`` in one unit (see :func:`open_unit`).
+
+    Raises
+    ------
+    CorruptStateError
+        Files that passed their checksums but do not open or read back (a manifest missing
+        an SST its RocksDB MANIFEST needs, say), naming the manifest.
+    """
+    try:
+        with open_unit(store, operator_id, unit, temp_dir) as inst:
+            yield from read_partition(inst, unit.partition, key_types, states)
+    except StateBackendError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception
+        m = unit.manifest
+        where = m.path if m is not None else f"savepoint {unit.savepoint}"
+        raise CorruptStateError(
+            f"partition {unit.partition}: RocksDB cannot open or read the state of {where} "
+            f"({type(exc).__name__}: {exc}); 'statebackend verify' names what is wrong",
+            checkpoint_id=None if m is None else m.checkpoint_id, partition=unit.partition,
+            path=where) from exc
 
 
 def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None = None,
               state_name: str | None = None, *, partitions: Iterable[int] | None = None,
               key_types: Sequence[str] | None = None, temp_dir: str | None = None,
               progress: ProgressFn | None = None,
-              view: CheckpointView | None = None) -> Iterator[StateRow]:
-    """Every stored entry of a completed checkpoint (or of some of its partitions).
+              view: StateView | None = None) -> Iterator[StateRow]:
+    """Every stored entry of a completed checkpoint or a savepoint (or of some of its
+    partitions), read in this process, one partition after the other.
 
     Parameters
     ----------
@@ -250,7 +437,8 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
     state_name : str, optional
         Only this state (default: all, timers included).
     partitions : iterable of int, optional
-        Only these partitions (default: all).
+        Only these partitions (default: all); a savepoint's partitions are its data files
+        in key-group order.
     key_types : sequence of str, optional
         See :func:`load_checkpoint`.
     temp_dir : str, optional
@@ -258,8 +446,9 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
     progress : callable, optional
         ``progress(partitions, total, bytes, total_bytes)`` after each partition (bytes:
         the partitions' checkpoint files); see :mod:`statebackend.progress`.
-    view : CheckpointView, optional
-        An already loaded checkpoint (then the ids above are not read again).
+    view : CheckpointView or SavepointView, optional
+        An already loaded checkpoint (then the ids above are not read again), or a
+        savepoint (:func:`load_savepoint`).
 
     Raises
     ------
@@ -269,35 +458,28 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
     """
     view = view or load_checkpoint(store, operator_id, checkpoint_id, key_types=key_types)
     states = select_states(view, state_name)
-    wanted = sorted(view.manifests) if partitions is None else sorted(set(partitions))
-    unknown = [p for p in wanted if p not in view.manifests]
-    if unknown:
-        raise StateError(f"checkpoint {view.record.checkpoint_id} has partitions "
-                         f"0..{view.record.parallelism - 1}; no partition {unknown}")
-    ostore = operator_store(store, operator_id)
-    total_bytes = sum(view.manifests[p].full_size for p in wanted)
+    units = select_units(view, partitions)
+    total_bytes = sum(u.full_size for u in units)
     done_bytes = 0
-    for i, p in enumerate(wanted):
-        m = view.manifests[p]
-        tmp = tempfile.mkdtemp(prefix=f"sb-read-p{p}-", dir=temp_dir)
-        try:
-            with open_checkpoint(ostore, m, tmp) as inst:
-                yield from read_partition(inst, p, view.key_types, states)
-        except StateBackendError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception
-            # files that passed their checksums but do not open or read back (e.g. a
-            # manifest missing an SST its RocksDB MANIFEST needs): typed, naming the files
-            raise CorruptStateError(
-                f"checkpoint {m.checkpoint_id} partition {p}: RocksDB cannot open or read "
-                f"the state of {m.path} ({type(exc).__name__}: {exc}); 'statebackend verify' "
-                f"names what is wrong", checkpoint_id=m.checkpoint_id, partition=p,
-                path=m.path) from exc
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        done_bytes += m.full_size
+    for i, u in enumerate(units):
+        yield from read_unit(store, operator_id, u, view.key_types, states, temp_dir)
+        done_bytes += u.full_size
         if progress is not None:
-            progress(i + 1, len(wanted), done_bytes, total_bytes)
+            progress(i + 1, len(units), done_bytes, total_bytes)
+
+
+def select_units(view: StateView, partitions: Iterable[int] | None) -> list[ReadUnit]:
+    """The units of ``partitions`` (default all), refusing partitions the view lacks."""
+    units = view.units()
+    if partitions is None:
+        return units
+    by_partition = {u.partition: u for u in units}
+    wanted = sorted(set(partitions))
+    unknown = [p for p in wanted if p not in by_partition]
+    if unknown:
+        raise StateError(f"{view.label} has partitions 0..{len(units) - 1}; no partition "
+                         f"{unknown}")
+    return [by_partition[p] for p in wanted]
 
 
 # --- shapes: pandas and Spark ----------------------------------------------------------
@@ -319,7 +501,7 @@ def _as_json(names: Sequence[str], values: tuple[Any, ...] | None) -> str | None
     return json.dumps(dict(zip(names, values)), default=_json_default, sort_keys=False)
 
 
-def rows_to_pandas(rows: Iterable[StateRow], view: CheckpointView,
+def rows_to_pandas(rows: Iterable[StateRow], view: StateView,
                    state_name: str | None = None) -> pd.DataFrame:
     """Flat frame of ``rows``: ``partition_id``, ``key.<column>``..., ``state_name``, then
     ``user_key.<field>``/``value.<field>`` columns for one state, or ``user_key``/``value``
@@ -341,7 +523,8 @@ def rows_to_pandas(rows: Iterable[StateRow], view: CheckpointView,
             rec.update(zip(key_cols, r.key))
             if r.user_key is not None:
                 rec.update(zip([f"user_key.{n}" for n in unames], r.user_key))
-            rec.update(zip([f"value.{n}" for n in vnames], r.value))
+            if r.value is not None:  # null in a change feed's deletes
+                rec.update(zip([f"value.{n}" for n in vnames], r.value))
             records.append(rec)
     else:
         names = {d.name: (value_schema(d).names,
@@ -372,7 +555,7 @@ def _struct_ddl(schema: Schema | None, names: Sequence[str] | None = None,
     return f"STRUCT<{inner}>"
 
 
-def spark_schema(view: CheckpointView, state_name: str | None = None) -> str:
+def spark_schema(view: StateView, state_name: str | None = None) -> str:
     """The DDL of the DataFrame :func:`read_state` returns."""
     key = _struct_ddl(None, view.key_columns, [t.upper() for t in view.key_types])
     if state_name is None:
@@ -386,18 +569,36 @@ def spark_schema(view: CheckpointView, state_name: str | None = None) -> str:
             f"value {value}, expiration_ms BIGINT")
 
 
+def spark_row_shaper(view: StateView, state_name: str | None):
+    """``StateRow -> tuple`` in the column order of :func:`spark_schema` (JSON text for
+    ``user_key``/``value`` when ``state_name`` is None)."""
+    if state_name is not None:
+        def typed(r: Any) -> tuple[Any, ...]:
+            return (r.partition_id, r.key, r.state_name, r.user_key, r.value, r.expiration_ms)
+        return typed
+    names = {d.name: (value_schema(d).names, getattr(user_key_schema(d), "names", ()))
+             for d in view.states.values()}
+
+    def as_json(r: Any) -> tuple[Any, ...]:
+        vn, un = names[r.state_name]
+        return (r.partition_id, r.key, r.state_name, _as_json(un, r.user_key),
+                _as_json(vn, r.value), r.expiration_ms)
+    return as_json
+
+
 def read_state(spark: SparkSession, checkpoint_location: str, operator_id: str,
                checkpoint_id: int | None = None, state_name: str | None = None, *,
-               storage_options: dict[str, Any] | None = None,
-               key_types: Sequence[str] | None = None) -> DataFrame:
-    """The state of a completed checkpoint as a Spark DataFrame.
+               savepoint: str | None = None, storage_options: dict[str, Any] | None = None,
+               key_types: Sequence[str] | None = None, partitions: Iterable[int] | None = None,
+               distributed: bool = True) -> DataFrame:
+    """The state of a completed checkpoint or a savepoint as a Spark DataFrame.
 
     Parameters
     ----------
     spark : SparkSession
         Session to build the DataFrame in.
     checkpoint_location : str
-        The backend's root URL.
+        The backend's root URL; with ``distributed`` the executors must reach it too.
     operator_id : str
         The operator's directory name.
     checkpoint_id : int, optional
@@ -405,30 +606,116 @@ def read_state(spark: SparkSession, checkpoint_location: str, operator_id: str,
     state_name : str, optional
         One state (typed ``user_key`` and ``value`` structs); default every state, with
         ``user_key`` and ``value`` as JSON text.
+    savepoint : str, optional
+        Read this savepoint of the operator (its name) instead of a checkpoint.
     storage_options : dict, optional
         fsspec options of the location.
     key_types : sequence of str, optional
         Grouping-key types, for checkpoints that do not record them.
+    partitions : iterable of int, optional
+        Only these partitions (a savepoint's: its data files in key-group order).
+    distributed : bool, default True
+        One Spark task per partition (per data file of a savepoint) downloads, opens and
+        decodes it on an executor; the driver reads only the record and manifests. False:
+        every partition is read on the driver, one after the other, and the rows are sent
+        to Spark from there (state that fits the driver; no executor access to storage).
 
     Returns
     -------
     pyspark.sql.DataFrame
-        Columns ``partition_id, key, state_name, user_key, value, expiration_ms``.
+        Columns ``partition_id, key, state_name, user_key, value, expiration_ms``; rows in
+        partition order, then state, then key order (a list's elements in list order).
     """
     from ..storage import open_store
 
+    if savepoint is not None and checkpoint_id is not None:
+        raise StateError("read_state reads a checkpoint or a savepoint: give checkpoint_id "
+                         "or savepoint, not both")
     store = open_store(checkpoint_location, storage_options=storage_options)
-    view = load_checkpoint(store, operator_id, checkpoint_id, key_types=key_types)
+    view: StateView
+    if savepoint is not None:
+        view = load_savepoint(store, operator_id, savepoint, key_types=key_types)
+    else:
+        view = load_checkpoint(store, operator_id, checkpoint_id, key_types=key_types)
     schema = spark_schema(view, state_name)
-    data: list[tuple[Any, ...]] = []
-    names = {d.name: (value_schema(d).names, getattr(user_key_schema(d), "names", ()))
-             for d in view.states.values()}
-    for r in read_rows(store, operator_id, state_name=state_name, view=view):
-        if state_name is None:
-            vn, un = names[r.state_name]
-            data.append((r.partition_id, r.key, r.state_name, _as_json(un, r.user_key),
-                         _as_json(vn, r.value), r.expiration_ms))
-        else:
-            data.append((r.partition_id, r.key, r.state_name, r.user_key, r.value,
-                         r.expiration_ms))
-    return spark.createDataFrame(data, schema)
+    shape = spark_row_shaper(view, state_name)
+    units = select_units(view, partitions)
+    if not distributed:
+        data = [shape(r) for r in read_rows(store, operator_id, state_name=state_name,
+                                            partitions=partitions, view=view)]
+        return spark.createDataFrame(data, schema)
+    states = select_states(view, state_name)
+    key_types_ = view.key_types
+
+    def produce(i: int) -> Iterator[tuple[Any, ...]]:
+        return map(shape, read_unit(store, operator_id, units[i], key_types_, states))
+
+    return unit_dataframe(spark, len(units), schema, produce)
+
+
+_ARROW_ROWS = 10_000  # rows per Arrow batch a task sends
+
+
+def unit_dataframe(spark: SparkSession, n: int, schema: str,
+                   produce: Callable[[int], Iterator[tuple[Any, ...]]]) -> DataFrame:
+    """A DataFrame of ``schema`` with one partition (one task) per unit ``0..n-1``, whose
+    rows are ``produce(i)`` computed on the executor.
+
+    The rows travel to the JVM as Arrow batches (``mapInArrow``), several times faster than
+    pickled rows. Schemas with timestamps or maps go the pickled way
+    (``createDataFrame`` of an RDD): that is how the driver reader converts them too (a
+    naive datetime is local time there), so both readers give the same values.
+    """
+    from pyspark.sql.types import _parse_datatype_string
+
+    struct = _parse_datatype_string(schema)
+    if not _arrow_safe(struct):
+        def rows(indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
+            for i in indexes:
+                yield from produce(i)
+        rdd = spark.sparkContext.parallelize(range(n), max(n, 1)).mapPartitions(rows)
+        return spark.createDataFrame(rdd, struct)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(struct)
+
+    def batches(it: Iterator[Any]) -> Iterator[Any]:
+        for b in it:
+            for i in b.column(0).to_pylist():
+                buf: list[tuple[Any, ...]] = []
+                for row in produce(int(i)):
+                    buf.append(row)
+                    if len(buf) >= _ARROW_ROWS:
+                        yield _record_batch(buf, arrow_schema)
+                        buf = []
+                if buf:
+                    yield _record_batch(buf, arrow_schema)
+
+    # spark.range splits 0..n-1 evenly: exactly one unit per partition
+    return spark.range(0, n, 1, max(n, 1)).mapInArrow(batches, struct)
+
+
+def _record_batch(rows: list[tuple[Any, ...]], schema: Any) -> Any:
+    import pyarrow as pa
+
+    columns = list(zip(*rows))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+
+
+def _arrow_safe(t: Any) -> bool:
+    from pyspark.sql.types import (
+        ArrayType,
+        MapType,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    if isinstance(t, (TimestampType, TimestampNTZType, MapType)):
+        return False
+    if isinstance(t, StructType):
+        return all(_arrow_safe(f.dataType) for f in t.fields)
+    if isinstance(t, ArrayType):
+        return _arrow_safe(t.elementType)
+    return True
