@@ -9,9 +9,16 @@ the materialized state of batch ``m`` gives exactly the state of batch ``n``.
 
 File format (``changelog-<n>.sbcl``; all integers little-endian)::
 
-    header   b"SBCL" | u8 version (1) | u8 compression (1 = snappy)
+    header   b"SBCL" | u8 version (2) | u8 compression (1 = snappy)
     frame*   u32 stored length (> 0) | u32 CRC32 of the stored bytes | stored bytes
     footer   u32 0 | u64 records | u64 raw bytes | u32 CRC32 of all raw bytes
+             | i64 base | i64 batch
+
+``base`` and ``batch`` say which step of the state the file is: it takes the state of
+checkpoint ``base`` (-1: empty) to that of checkpoint ``batch`` (-2 for either: not recorded;
+version 1 files have neither). Replay checks that the changelogs of a manifest chain
+without a gap or an overlap from its materialization to its own checkpoint, so a manifest
+that lost or gained an entry is refused, whatever its JSON says.
 
 A frame's stored bytes are the snappy compression of up to ~1 MiB of records, so the writer
 streams to a local file with bounded memory. Records (raw bytes)::
@@ -43,11 +50,14 @@ from ..errors import CorruptStateError
 from ..storage.checksum import format_crc32
 from .manifest import changelog_id, changelog_name, is_changelog_name
 
-__all__ = ["ChangelogStats", "ChangelogWriter", "Record", "changelog_id", "changelog_name",
-           "is_changelog_name", "read_records", "replay"]
+__all__ = ["UNKNOWN", "ChangelogStats", "ChangelogWriter", "Record", "changelog_id",
+           "changelog_name", "check_chain", "is_changelog_name", "read_records", "replay",
+           "span"]
 
 MAGIC = b"SBCL"
-VERSION = 1
+VERSION = 2
+_READABLE = (1, 2)
+UNKNOWN = -2  # base or batch not recorded
 SNAPPY = 1
 FRAME_BYTES = 1 << 20
 
@@ -56,6 +66,7 @@ _DELETED = 0xFFFFFFFF
 _HEADER = MAGIC + bytes([VERSION, SNAPPY])
 _FRAME = struct.Struct("<II")
 _FOOTER = struct.Struct("<QQI")
+_SPAN = struct.Struct("<qq")
 
 @dataclass(frozen=True)
 class ChangelogStats:
@@ -142,15 +153,18 @@ class ChangelogWriter:
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def finish(self) -> ChangelogStats:
+    def finish(self, base: int = UNKNOWN, batch: int = UNKNOWN) -> ChangelogStats:
         """Write the last frame and the footer and close; returns size and CRC32.
+
+        ``base`` and ``batch``: the checkpoint whose state the recording started from
+        (-1: empty) and the one it ends at (see the module notes).
 
         No fsync: the durable copy is what counts, and a local copy is used only after its
         size and CRC32 match the manifest's.
         """
         self._flush_frame()
         self._emit(struct.pack("<I", 0) + _FOOTER.pack(self.records, self.raw_bytes,
-                                                       self._crc_raw))
+                                                       self._crc_raw) + _SPAN.pack(base, batch))
         self._fh.close()
         self._closed = True
         return ChangelogStats(self._size, format_crc32(self._crc_file), self.records,
@@ -199,10 +213,7 @@ def read_records(data: bytes, where: str = "<changelog>") -> Iterator[Record]:
         parse.
     """
     mv = memoryview(data)
-    if bytes(mv[:4]) != MAGIC:
-        raise _corrupt(where, "not a changelog (bad magic)")
-    if len(mv) < 6 or mv[4] != VERSION or mv[5] != SNAPPY:
-        raise _corrupt(where, f"unsupported version/compression {bytes(mv[4:6])!r}")
+    footer = _footer_size(mv, where)
     pos = 6
     crc_raw = 0
     records = raw_bytes = 0
@@ -211,7 +222,7 @@ def read_records(data: bytes, where: str = "<changelog>") -> Iterator[Record]:
             raise _corrupt(where, "ends before its footer")
         (n,) = struct.unpack_from("<I", mv, pos)
         if n == 0:
-            if pos + 4 + _FOOTER.size != len(mv):
+            if pos + 4 + footer != len(mv):
                 raise _corrupt(where, "footer is not at the end")
             want_records, want_raw, want_crc = _FOOTER.unpack_from(mv, pos + 4)
             if (want_records, want_raw, want_crc) != (records, raw_bytes, crc_raw):
@@ -234,6 +245,57 @@ def read_records(data: bytes, where: str = "<changelog>") -> Iterator[Record]:
         for rec in _parse(raw, where):
             records += 1
             yield rec
+
+
+def _footer_size(mv: memoryview, where: str) -> int:
+    if bytes(mv[:4]) != MAGIC:
+        raise _corrupt(where, "not a changelog (bad magic)")
+    if len(mv) < 6 or mv[4] not in _READABLE or mv[5] != SNAPPY:
+        raise _corrupt(where, f"unsupported version/compression {bytes(mv[4:6])!r}")
+    return _FOOTER.size + (_SPAN.size if mv[4] >= 2 else 0)
+
+
+def span(data: bytes, where: str = "<changelog>") -> tuple[int, int]:
+    """``(base, batch)`` of a changelog (its last footer fields; ``UNKNOWN`` for what it
+    does not record). Reads only the header and the end; :func:`read_records` verifies
+    the rest."""
+    mv = memoryview(data)
+    footer = _footer_size(mv, where)
+    if mv[4] < 2:
+        return UNKNOWN, UNKNOWN
+    if len(mv) < 6 + 4 + footer:
+        raise _corrupt(where, "ends before its footer")
+    base, batch = _SPAN.unpack_from(mv, len(mv) - _SPAN.size)
+    return int(base), int(batch)
+
+
+def check_chain(spans: list[tuple[str, int, tuple[int, int]]], start: int, end: int,
+                where: str) -> None:
+    """Changelogs ``(path, batch its name says, (base, batch))`` in replay order must
+    take the state from checkpoint ``start`` (-1: empty) to checkpoint ``end`` without a
+    gap or an overlap; what a file does not record is not checked.
+
+    Raises
+    ------
+    CorruptStateError
+        Naming the first file that breaks the chain.
+    """
+    state = start
+    for path, named, (base, batch) in spans:
+        if batch not in (UNKNOWN, named):
+            raise CorruptStateError(f"changelog {path} holds batch {batch}, its name says "
+                                    f"{named}: {where} names a file of another batch",
+                                    path=path)
+        if base != UNKNOWN and base != state:
+            raise CorruptStateError(
+                f"changelog {path} applies to the state of checkpoint {base}, but the ones "
+                f"before it in {where} end at {state}: a changelog is missing or extra, so "
+                f"replay would give another state than the checkpoint's", path=path)
+        state = named
+    if state != end:
+        raise CorruptStateError(f"{where}: its changelogs end at batch {state}, not at its "
+                                f"own checkpoint {end}: a changelog is missing",
+                                path=spans[-1][0] if spans else where)
 
 
 def _parse(raw: bytes, where: str) -> Iterator[Record]:

@@ -415,7 +415,7 @@ class PartitionCheckpointer:
         local_log = self.local.changelog_path(n, attempt)
         snapshot = None
         try:
-            stats = rec.finish()
+            stats = rec.finish(base=-1 if base is None else base.checkpoint_id, batch=n)
             os.replace(rec.path, local_log)
             counts0 = self.store.request_counts()
             lineage = Lineage.of(base)

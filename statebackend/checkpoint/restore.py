@@ -15,7 +15,7 @@ from ..errors import CorruptStateError, StorageError, UnsafePathError
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from ..storage.checksum import bytes_crc32
-from .changelog import replay
+from .changelog import check_chain, replay, span
 from .manifest import (
     FileEntry,
     PartitionManifest,
@@ -147,11 +147,22 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     (the others were local copies)."""
     recording, instance.changelog = instance.changelog, None
     total = 0
+    # the chain is checked file by file as it is replayed (never all held at once)
+    start = -1 if manifest.materialized_id is None else manifest.materialized_id
+    where = f"manifest {manifest.path}"
     try:
         for f in manifest.changelog_files:
             data, downloaded = fetch_changelog(store, manifest, f, local_dir)
+            check_chain([(f.path, changelog_id(f.name), span(data, f.path))], start,
+                        changelog_id(f.name), where)
+            start = changelog_id(f.name)
             replay(instance, data, where=f.path)
             total += len(data) if downloaded else 0
+        check_chain([], start, manifest.checkpoint_id, where)
+    except CorruptStateError as exc:
+        if exc.checkpoint_id is None:
+            exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
+        raise
     finally:
         instance.changelog = recording
     return total

@@ -411,8 +411,10 @@ def read_unit(store: DurableStore, operator_id: str, unit: ReadUnit,
     except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception
         m = unit.manifest
         where = m.path if m is not None else f"savepoint {unit.savepoint}"
+        what = (f"checkpoint {m.checkpoint_id} partition {unit.partition}" if m is not None
+                else f"partition {unit.partition}")
         raise CorruptStateError(
-            f"partition {unit.partition}: RocksDB cannot open or read the state of {where} "
+            f"{what}: RocksDB cannot open or read the state of {where} "
             f"({type(exc).__name__}: {exc}); 'statebackend verify' names what is wrong",
             checkpoint_id=None if m is None else m.checkpoint_id, partition=unit.partition,
             path=where) from exc

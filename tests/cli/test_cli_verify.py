@@ -80,7 +80,8 @@ def test_intact_checkpoints_verify_ok(capsys, built, deep):
 
 def latest_with_sst(url: str) -> tuple[int, int, str]:
     """(checkpoint, partition, SST name) of an SST the latest checkpoint's RocksDB needs."""
-    n = max(int(f[4:-5]) for f in os.listdir(os.path.join(url, "op", "_checkpoints")))
+    n = max(int(f[4:-5]) for f in os.listdir(os.path.join(url, "op", "_checkpoints"))
+            if f.startswith("chk-"))
     with open(manifest_file(url, n, 0)) as fh:
         d = json.load(fh)
     return n, 0, next(f["name"] for f in d["files"] if f["name"].endswith(".sst"))
@@ -243,3 +244,26 @@ def test_a_manifest_edited_after_completion_fails_its_records_digest(capsys, bui
     with pytest.raises(CorruptStateError, match="its record says") as info:
         read_recorded_manifests(ostore, rec)
     assert info.value.path == rec.manifests[p] and info.value.partition == p
+
+
+@pytest.mark.parametrize("built", ["changelog"], indirect=True)
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_changelog_removed_with_its_record_resigned_is_refused_by_restore(
+        built_copy, tmp_path, which):
+    # an editor who knows the format removes a changelog entry and fixes the record's
+    # digest: the JSON is consistent, the changelogs are not (each names its base)
+    from statebackend.storage.manifests import read_completed_record, read_recorded_manifests
+
+    url = built_copy.url
+    n = built_copy.checkpoints - 1
+    with open(manifest_file(url, n, 0)) as fh:
+        logs = sorted(f["name"] for f in json.load(fh)["files"]
+                      if f["name"].startswith("changelog-"))
+    victim = logs[0] if which == "first" else logs[-1]
+    edit_manifest(url, n, 0, lambda d: d.update(
+        files=[f for f in d["files"] if f["name"] != victim]))
+    ostore = open_store(os.path.join(url, "op"))
+    m = read_recorded_manifests(ostore, read_completed_record(ostore, n), [0])[0]
+    with pytest.raises(CorruptStateError, match="changelog") as info:
+        open_checkpoint(ostore, m, str(tmp_path / "try")).close()
+    assert info.value.checkpoint_id == n and info.value.partition == 0

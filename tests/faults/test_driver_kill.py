@@ -94,8 +94,9 @@ def _outputs(work: str) -> dict[str, list]:
 
 def _records(work: str) -> dict[str, bytes]:
     d = os.path.join(work, "state", "counts", "_checkpoints")
-    return {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d)} \
-        if os.path.isdir(d) else {}
+    # the records only (not LATEST.json, the pointer to the newest)
+    return {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d)
+            if n.startswith("chk-")} if os.path.isdir(d) else {}
 
 
 def _committed(work: str) -> tuple[list[int], dict[str, int], list[str]]:
