@@ -26,10 +26,18 @@ from pyspark.sql.types import _create_row
 
 from ..errors import StateError
 from ..state.backend import KeyedStateBackend
+from .spark_states import (
+    SparkListState,
+    SparkMapState,
+    SparkValueState,
+    spark_struct,
+    timer_timestamp,
+)
 from .task import BatchContext, KeyGroups
 
 _INVALID_HANDLE_STATE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE"
 _INVALID_TIME_MODE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE"
+_TTL_TIME_MODE = "STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL"
 
 
 class RocksDBProcessorHandle(StatefulProcessorHandle):
@@ -47,6 +55,9 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
         self._backend = backend
         self._time_mode = time_mode
         self.phase = "CREATED"
+        # states handed out, by kind and name: deleteIfExists and a later redeclaration
+        # repoint them, as Spark's server looks states up by name on every call
+        self._handed: dict[tuple[str, str], list[Any]] = {}
 
     def _require_init(self, operation: str, what: str) -> None:
         if self.phase != "CREATED":
@@ -64,36 +75,56 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
                              f"stateful processor operation={operation} with invalid handle "
                              f"state=CREATED. Timers need a key: use them in handleInputRows.")
 
-    def _ttl(self, state: str, ttl: int | None) -> int | None:
+    def _ttl(self, state: str, ttl: int | None, what: str) -> int | None:
         # as Spark: TTL is measured in processing time, which timeMode "None" does not have
         if ttl is not None and self._time_mode.lower() == "none":
-            raise StateError(f"cannot use TTL for state {state!r} in timeMode 'None': use "
-                             f"timeMode 'ProcessingTime' (or 'EventTime')")
+            raise StateError(f"Error {what}: [{_TTL_TIME_MODE}] Cannot use TTL for "
+                             f"state={state} in timeMode=NoTime, use TimeMode.ProcessingTime() "
+                             f"instead.")
         return ttl
 
+    def _hand_out(self, kind: str, name: str, state: Any, make: Callable[[], Any]) -> Any:
+        handed = self._handed.setdefault((kind, name), [])
+        for old in handed:
+            old.bind(state)
+        handed.append(make())
+        return handed[-1]
+
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        self._require_init("get_value_state", "initializing value state")
-        return self._backend.value_state(stateName, schema,
-                                         ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing value state"
+        self._require_init("get_value_state", what)
+        st = self._backend.value_state(stateName, schema,
+                                       ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        struct = spark_struct(st.codec.schema)
+        return self._hand_out("value", stateName, st,
+                              lambda: SparkValueState(stateName, struct, st))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        self._require_init("get_list_state", "initializing list state")
-        return self._backend.list_state(stateName, schema,
-                                        ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing list state"
+        self._require_init("get_list_state", what)
+        st = self._backend.list_state(stateName, schema,
+                                      ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        struct = spark_struct(st.codec.schema)
+        return self._hand_out("list", stateName, st,
+                              lambda: SparkListState(stateName, struct, st))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,
                     ttlDurationMs: int | None = None):
-        self._require_init("get_map_state", "initializing map state")
-        return self._backend.map_state(stateName, userKeySchema, valueSchema,
-                                       ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing map state"
+        self._require_init("get_map_state", what)
+        st = self._backend.map_state(stateName, userKeySchema, valueSchema,
+                                     ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        ks, vs = spark_struct(st.key_codec.schema), spark_struct(st.value_codec.schema)
+        return self._hand_out("map", stateName, st,
+                              lambda: SparkMapState(stateName, ks, vs, st))
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._require_timers("register_timer", "register timer")
-        self._backend.register_timer(int(expiryTimestampMs))
+        self._backend.register_timer(timer_timestamp(expiryTimestampMs, "RegisterTimer"))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._require_timers("delete_timer", "deleting timer")
-        self._backend.delete_timer(int(expiryTimestampMs))
+        self._backend.delete_timer(timer_timestamp(expiryTimestampMs, "DeleteTimer"))
 
     def listTimers(self) -> Iterator[int]:
         self._require_timers("list_timers", "listing timers")
@@ -102,6 +133,9 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
     def deleteIfExists(self, stateName: str) -> None:
         self._require_init("delete_if_exists", "deleting state")
         self._backend.delete_state(stateName)
+        for kind in ("value", "list", "map"):
+            for st in self._handed.get((kind, stateName), ()):
+                st.bind(None)
 
 
 def timer_values(ctx: BatchContext, time_mode: str) -> TimerValues:
