@@ -127,8 +127,13 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
         self._backend.delete_timer(timer_timestamp(expiryTimestampMs, "DeleteTimer"))
 
     def listTimers(self) -> Iterator[int]:
+        # Spark's iterator asks the JVM on its first next(): a call that is never iterated
+        # fails nowhere, even in timeMode None
+        return self._timers()
+
+    def _timers(self) -> Iterator[int]:
         self._require_timers("list_timers", "listing timers")
-        return iter(list(self._backend.list_timers()))
+        yield from list(self._backend.list_timers())
 
     def deleteIfExists(self, stateName: str) -> None:
         self._require_init("delete_if_exists", "deleting state")

@@ -549,6 +549,8 @@ class MisusedStates(StatefulProcessor):
             ("gone map values", lambda: list(self.gone_m.values())),
             ("gone map remove", lambda: self.gone_m.removeKey("a")),
             ("gone map clear", lambda: self.gone_m.clear()),
+            # timers in timeMode None: Spark's client asks only when iterated
+            ("listTimers not iterated", lambda: (self.handle.listTimers(), "called")[1]),
         ]
         out = [(i, f"{what}: {outcome(call)}") for i, (what, call) in enumerate(calls)]
         return self.emit(key[0], out)
