@@ -43,7 +43,9 @@ _TTL_TIME_MODE = "STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL"
 class RocksDBProcessorHandle(StatefulProcessorHandle):
     """The handle a processor's ``init`` receives: states live in our RocksDB instance.
 
-    The states returned here follow the implicit current key, exactly as PySpark's do. The
+    The states returned here are PySpark's ``ValueState``/``ListState``/``MapState`` over
+    ours (:mod:`.spark_states`: Spark's client conversions and messages) and follow the
+    implicit current key, exactly as PySpark's do. The
     handle goes through Spark's phases (``CREATED`` during ``init``, then ``INITIALIZED``,
     ``DATA_PROCESSED`` while timers fire, ``TIMER_PROCESSED`` in ``close``) and refuses
     what Spark refuses in each, with Spark's error condition in the message and as a

@@ -13,8 +13,8 @@ conversion would have produced (the per-key path stays as fast as before).
 
 A call that Spark's server answers with an error raises ``PySparkRuntimeError`` whose
 message starts with the client's text (``Error checking value state exists: ...``) and
-the server's (``Value state 'x' is not initialized.``); statebackend's explanation, if
-any, follows. The messages are Spark 4.x's, checked against Spark on this machine by
+the server's (``Value state x is not initialized.``); statebackend's explanation, if
+any, follows as `` (statebackend: ...)``. The messages are Spark 4.x's, checked against Spark on this machine by
 ``tests/spark/test_spark_messages.py``.
 """
 
