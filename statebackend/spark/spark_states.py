@@ -8,8 +8,9 @@ Spark's client turns every value and map user key into a tuple before it reaches
 become tuples; numpy and pandas scalars become Python ones; an object that is not
 iterable raises ``TypeError`` there, a string in a TIMESTAMP field ``AttributeError``.
 The same functions, imported from PySpark, do that here, but only where a value is not a
-plain tuple or our codec refuses it: a plain tuple our codec accepts is what Spark's
-conversion would have produced (the per-key path stays as fast as before).
+plain tuple, our codec refuses it, or the schema nests a struct (Spark's client takes a
+nested ``Row`` by position, our codec by name): otherwise a plain tuple our codec accepts
+is what Spark's conversion would have produced (the per-key path stays as fast as before).
 
 A call that Spark's server answers with an error raises ``PySparkRuntimeError`` whose
 message starts with the client's text (``Error checking value state exists: ...``) and
@@ -55,8 +56,8 @@ from ..state.list import ListState
 from ..state.map import MapState
 from ..state.value import ValueState
 
-__all__ = ["SparkListState", "SparkMapState", "SparkValueState", "spark_struct", "spark_tuple",
-           "timer_timestamp"]
+__all__ = ["SparkListState", "SparkMapState", "SparkValueState", "converts_always",
+           "spark_struct", "spark_tuple", "timer_timestamp"]
 
 _SIMPLE: dict[str, type[DataType]] = {
     "boolean": BooleanType, "tinyint": ByteType, "smallint": ShortType, "int": IntegerType,
@@ -85,6 +86,23 @@ def spark_struct(schema: _schema.Schema) -> StructType:
     """The pyspark ``StructType`` of ``schema`` (built without a JVM)."""
     return StructType([StructField(f.name, _spark_type(f.type), f.nullable)
                        for f in schema.fields])
+
+
+def _nests_struct(t: DataType) -> bool:
+    if isinstance(t, StructType):
+        return True
+    if isinstance(t, ArrayType):
+        return _nests_struct(t.elementType)
+    if isinstance(t, MapType):
+        return _nests_struct(t.keyType) or _nests_struct(t.valueType)
+    return False
+
+
+def converts_always(struct: StructType) -> bool:
+    """Whether a plain tuple for ``struct`` must go through Spark's conversion too: a
+    struct inside a field takes a ``Row`` by position in Spark's client, where our codec
+    takes it by field name."""
+    return any(_nests_struct(f.dataType) for f in struct.fields)
 
 
 def spark_tuple(struct: StructType, value: Any) -> tuple[Any, ...]:
@@ -116,6 +134,7 @@ class SparkValueState(_SparkValueState):
     def __init__(self, name: str, struct: StructType, state: ValueState | None) -> None:  # noqa: D107
         self._stateName = name
         self._struct = struct
+        self._fast = not converts_always(struct)
         self.bind(state)
 
     def bind(self, state: ValueState | None) -> None:
@@ -140,7 +159,7 @@ class SparkValueState(_SparkValueState):
         if update is None:
             spark_tuple(self._struct, newValue)  # Spark converts before it asks the JVM
             raise _not_initialized("Error updating value state", "Value", self._stateName)
-        if newValue.__class__ is tuple:
+        if newValue.__class__ is tuple and self._fast:
             try:
                 update(newValue)
                 return
@@ -155,6 +174,7 @@ class SparkListState(_SparkListState):
     def __init__(self, name: str, struct: StructType, state: ListState | None) -> None:  # noqa: D107
         self._stateName = name
         self._struct = struct
+        self._fast = not converts_always(struct)
         self._st = state
 
     def bind(self, state: ListState | None) -> None:
@@ -168,6 +188,8 @@ class SparkListState(_SparkListState):
 
     def _rows(self, values: Iterable[Any]) -> list[tuple[Any, ...]]:
         struct = self._struct
+        if not self._fast:
+            return [spark_tuple(struct, v) for v in values]
         return [v if v.__class__ is tuple else spark_tuple(struct, v) for v in values]
 
     def _write(self, op: str, rows: list[tuple[Any, ...]]) -> None:
@@ -219,6 +241,8 @@ class SparkMapState(_SparkMapState):
         self._key_struct = key_struct
         self._value_struct = value_struct
         self._names = list(value_struct.names)
+        self._fast_key = not converts_always(key_struct)
+        self._fast_value = not converts_always(value_struct)
         self._st = state
 
     def bind(self, state: MapState | None) -> None:
@@ -226,9 +250,10 @@ class SparkMapState(_SparkMapState):
         self._st = state
 
     def _call(self, client_text: str, op: str, key: Any, *value: Any) -> Any:
-        k = key if key.__class__ is tuple else spark_tuple(self._key_struct, key)
-        v = tuple(x if x.__class__ is tuple else spark_tuple(self._value_struct, x)
-                  for x in value)
+        k = key if key.__class__ is tuple and self._fast_key \
+            else spark_tuple(self._key_struct, key)
+        v = tuple(x if x.__class__ is tuple and self._fast_value
+                  else spark_tuple(self._value_struct, x) for x in value)
         st = self._st
         if st is None:
             raise _not_initialized(client_text, "Map", self._stateName)

@@ -471,6 +471,8 @@ class MisusedStates(StatefulProcessor):
         self.items = handle.getListState("items", "c BIGINT")
         self.by_name = handle.getMapState("by_name", "name STRING", "c BIGINT")
         self.by_pair = handle.getMapState("by_pair", "name STRING, n BIGINT", "c BIGINT, s STRING")
+        self.nested = handle.getValueState(
+            "nested", "inner STRUCT<a: BIGINT, b: BIGINT>, tags ARRAY<STRUCT<x: BIGINT, y: BIGINT>>")
         self.gone_v = handle.getValueState("gone_v", "c BIGINT")
         self.gone_l = handle.getListState("gone_l", "c BIGINT")
         self.gone_m = handle.getMapState("gone_m", "name STRING", "c BIGINT")
@@ -480,6 +482,7 @@ class MisusedStates(StatefulProcessor):
     def handleInputRows(self, key, rows, timerValues):
         n = sum(len(r) if isinstance(r, pd.DataFrame) else 1 for r in rows)
         np, v, p, li, m, m2 = self.np, self.value, self.pair, self.items, self.by_name, self.by_pair
+        nv = self.nested
         at = pd.Timestamp("2026-11-24 09:00:01.5")
         calls = [
             # conversions Spark's client makes
@@ -517,6 +520,13 @@ class MisusedStates(StatefulProcessor):
             ("map2 update Row key", lambda: m2.updateValue(Row(name="b", n=2), Row(c=3, s="t"))),
             ("map2 get", lambda: m2.getValue(("a", 1))),
             ("map2 iterator", lambda: sorted(m2.iterator())),
+            # nested structs: Rows by position, dicts by name
+            ("nested update Rows", lambda: nv.update((Row(b=2, a=1), [Row(y=6, x=5)]))),
+            ("nested get", lambda: nv.get()),
+            ("nested update dicts", lambda: nv.update(({"b": 2, "a": 1}, [{"y": 6, "x": 5}]))),
+            ("nested get", lambda: nv.get()),
+            ("nested update list Rows", lambda: nv.update([[3, 4], [Row(y=8, x=7), (9, 10)]])),
+            ("nested get", lambda: nv.get()),
             # refused by Spark's client before it reaches the JVM
             ("value update int", lambda: v.update(5)),
             ("value update None", lambda: v.update(None)),

@@ -7,6 +7,7 @@ multi-field schemas, and runs them through Spark's conversion itself,
 read back), and through the states our handle gives a processor. Then:
 
 - Spark's client raises: ours raises the same class with the same message;
+- a struct inside a field: a ``Row`` by position, a dict by name, as Spark's client;
 - Spark's client produces a row the JVM stores as it is (right arity, each field of a type
   the JVM reads for its column): ours stores it, and reads back what Spark would
   (``StructType.fromInternal`` of that row);
@@ -17,6 +18,7 @@ read back), and through the states our handle gives a processor. Then:
 from __future__ import annotations
 
 import datetime as dt
+import re
 import types
 
 import numpy as np
@@ -35,7 +37,7 @@ from statebackend.spark.spark_states import spark_struct
 from statebackend.state.backend import KeyedStateBackend
 
 SCHEMAS = ["name STRING", "c BIGINT", "at TIMESTAMP", "name STRING, c BIGINT",
-           "c BIGINT, at TIMESTAMP, name STRING"]
+           "c BIGINT, at TIMESTAMP, name STRING", "c BIGINT, inner STRUCT<a: BIGINT, b: BIGINT>"]
 _PICKLE = PickleSerializer()
 _CLIENT = types.SimpleNamespace(pickleSer=_PICKLE)  # what _serialize_to_bytes uses of self
 
@@ -47,12 +49,14 @@ def spark_client(struct, obj):
 
 def jvm_stores_as_is(struct, row) -> bool:
     """Whether the JVM reads ``row`` into the columns unchanged (for the types drawn)."""
-    if not isinstance(row, tuple) or len(row) != len(struct.fields):
+    if not isinstance(row, (tuple, list)) or len(row) != len(struct.fields):
         return False
     for f, v in zip(struct.fields, row):
         name = f.dataType.typeName()
         if v is None:
             continue
+        if name == "struct" and not jvm_stores_as_is(f.dataType, v):
+            return False
         if name == "string" and not isinstance(v, str):
             return False
         if name in ("long", "timestamp") and (type(v) is not int
@@ -71,7 +75,13 @@ longs = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1),
                   st.integers(1 << 63, 1 << 70))
 times = st.one_of(_when, _when.map(pd.Timestamp),
                   _when.map(lambda d: np.datetime64(d, "us")))
-BY_TYPE = {"STRING": strings, "BIGINT": longs, "TIMESTAMP": times}
+pairs = st.tuples(longs, longs)
+inner = st.one_of(  # a STRUCT<a: BIGINT, b: BIGINT> value, in every shape a user may write
+    pairs, pairs.map(list), pairs.map(lambda p: Row(a=p[0], b=p[1])),
+    pairs.map(lambda p: Row(b=p[0], a=p[1])), pairs.map(lambda p: {"b": p[0], "a": p[1]}),
+    st.tuples(longs).map(lambda p: Row(a=p[0])))
+BY_TYPE = {"STRING": strings, "BIGINT": longs, "TIMESTAMP": times,
+           "STRUCT<a: BIGINT, b: BIGINT>": inner}
 anything = st.one_of(st.none(), strings, longs, times, st.floats(allow_nan=False))
 
 
@@ -79,7 +89,7 @@ anything = st.one_of(st.none(), strings, longs, times, st.floats(allow_nan=False
 def state_objects(draw, ddl: str):
     """An object for a state of schema ``ddl``: mostly fields of the right types, sometimes
     a wrong one, a missing or extra one, in a tuple, list, Row, dict or bare."""
-    fields = [f.split() for f in ddl.split(", ")]
+    fields = [f.split(" ", 1) for f in re.split(r", (?![^<]*>)", ddl)]
     values = [draw(st.one_of(BY_TYPE[t], anything) if draw(st.booleans())
                    else BY_TYPE[t]) for _, t in fields]
     if draw(st.integers(0, 9)) == 0:
