@@ -65,24 +65,29 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
         if self.phase != "CREATED":
             raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
                              f"stateful processor operation={operation} with invalid handle "
-                             f"state={self.phase}. States are declared and deleted in init().")
+                             f"state={self.phase}. SQLSTATE: 42802 (statebackend: states are "
+                             f"declared and deleted in init())")
 
     def _require_timers(self, operation: str, what: str) -> None:
         if self._time_mode.lower() == "none":
             raise StateError(f"Error {what}: [{_INVALID_TIME_MODE}] Failed to perform stateful "
-                             f"processor operation={operation} with invalid timeMode=NoTime. "
-                             f"Use timeMode 'ProcessingTime' or 'EventTime'.")
+                             f"processor operation={operation} with invalid timeMode=NoTime "
+                             f"SQLSTATE: 42802 (statebackend: use timeMode 'ProcessingTime' or "
+                             f"'EventTime')")
         if self.phase == "CREATED":
             raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
                              f"stateful processor operation={operation} with invalid handle "
-                             f"state=CREATED. Timers need a key: use them in handleInputRows.")
+                             f"state=CREATED. SQLSTATE: 42802 (statebackend: timers need a key: "
+                             f"use them in handleInputRows)")
 
     def _ttl(self, state: str, ttl: int | None, what: str) -> int | None:
-        # as Spark: TTL is measured in processing time, which timeMode "None" does not have
+        # as Spark: TTL is measured in processing time, which timeMode "None" does not have.
+    # These refusals come from Spark's JVM, which fails the query over them (its worker
+    # loses the state server); ours carry the JVM's text, after the client's prefix.
         if ttl is not None and self._time_mode.lower() == "none":
             raise StateError(f"Error {what}: [{_TTL_TIME_MODE}] Cannot use TTL for "
                              f"state={state} in timeMode=NoTime, use TimeMode.ProcessingTime() "
-                             f"instead.")
+                             f"instead. SQLSTATE: 42802")
         return ttl
 
     def _hand_out(self, kind: str, name: str, state: Any, make: Callable[[], Any]) -> Any:
