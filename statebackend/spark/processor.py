@@ -26,16 +26,26 @@ from pyspark.sql.types import _create_row
 
 from ..errors import StateError
 from ..state.backend import KeyedStateBackend
+from .spark_states import (
+    SparkListState,
+    SparkMapState,
+    SparkValueState,
+    spark_struct,
+    timer_timestamp,
+)
 from .task import BatchContext, KeyGroups
 
 _INVALID_HANDLE_STATE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE"
 _INVALID_TIME_MODE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE"
+_TTL_TIME_MODE = "STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL"
 
 
 class RocksDBProcessorHandle(StatefulProcessorHandle):
     """The handle a processor's ``init`` receives: states live in our RocksDB instance.
 
-    The states returned here follow the implicit current key, exactly as PySpark's do. The
+    The states returned here are PySpark's ``ValueState``/``ListState``/``MapState`` over
+    ours (:mod:`.spark_states`: Spark's client conversions and messages) and follow the
+    implicit current key, exactly as PySpark's do. The
     handle goes through Spark's phases (``CREATED`` during ``init``, then ``INITIALIZED``,
     ``DATA_PROCESSED`` while timers fire, ``TIMER_PROCESSED`` in ``close``) and refuses
     what Spark refuses in each, with Spark's error condition in the message and as a
@@ -47,61 +57,97 @@ class RocksDBProcessorHandle(StatefulProcessorHandle):
         self._backend = backend
         self._time_mode = time_mode
         self.phase = "CREATED"
+        # states handed out, by kind and name: deleteIfExists and a later redeclaration
+        # repoint them, as Spark's server looks states up by name on every call
+        self._handed: dict[tuple[str, str], list[Any]] = {}
 
     def _require_init(self, operation: str, what: str) -> None:
         if self.phase != "CREATED":
             raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
                              f"stateful processor operation={operation} with invalid handle "
-                             f"state={self.phase}. States are declared and deleted in init().")
+                             f"state={self.phase}. SQLSTATE: 42802 (statebackend: states are "
+                             f"declared and deleted in init())")
 
     def _require_timers(self, operation: str, what: str) -> None:
         if self._time_mode.lower() == "none":
             raise StateError(f"Error {what}: [{_INVALID_TIME_MODE}] Failed to perform stateful "
-                             f"processor operation={operation} with invalid timeMode=NoTime. "
-                             f"Use timeMode 'ProcessingTime' or 'EventTime'.")
+                             f"processor operation={operation} with invalid timeMode=NoTime "
+                             f"SQLSTATE: 42802 (statebackend: use timeMode 'ProcessingTime' or "
+                             f"'EventTime')")
         if self.phase == "CREATED":
             raise StateError(f"Error {what}: [{_INVALID_HANDLE_STATE}] Failed to perform "
                              f"stateful processor operation={operation} with invalid handle "
-                             f"state=CREATED. Timers need a key: use them in handleInputRows.")
+                             f"state=CREATED. SQLSTATE: 42802 (statebackend: timers need a key: "
+                             f"use them in handleInputRows)")
 
-    def _ttl(self, state: str, ttl: int | None) -> int | None:
-        # as Spark: TTL is measured in processing time, which timeMode "None" does not have
+    def _ttl(self, state: str, ttl: int | None, what: str) -> int | None:
+        # as Spark: TTL is measured in processing time, which timeMode "None" does not have.
+    # These refusals come from Spark's JVM, which fails the query over them (its worker
+    # loses the state server); ours carry the JVM's text, after the client's prefix.
         if ttl is not None and self._time_mode.lower() == "none":
-            raise StateError(f"cannot use TTL for state {state!r} in timeMode 'None': use "
-                             f"timeMode 'ProcessingTime' (or 'EventTime')")
+            raise StateError(f"Error {what}: [{_TTL_TIME_MODE}] Cannot use TTL for "
+                             f"state={state} in timeMode=NoTime, use TimeMode.ProcessingTime() "
+                             f"instead. SQLSTATE: 42802")
         return ttl
 
+    def _hand_out(self, kind: str, name: str, state: Any, make: Callable[[], Any]) -> Any:
+        handed = self._handed.setdefault((kind, name), [])
+        for old in handed:
+            old.bind(state)
+        handed.append(make())
+        return handed[-1]
+
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        self._require_init("get_value_state", "initializing value state")
-        return self._backend.value_state(stateName, schema,
-                                         ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing value state"
+        self._require_init("get_value_state", what)
+        st = self._backend.value_state(stateName, schema,
+                                       ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        struct = spark_struct(st.codec.schema)
+        return self._hand_out("value", stateName, st,
+                              lambda: SparkValueState(stateName, struct, st))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None):
-        self._require_init("get_list_state", "initializing list state")
-        return self._backend.list_state(stateName, schema,
-                                        ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing list state"
+        self._require_init("get_list_state", what)
+        st = self._backend.list_state(stateName, schema,
+                                      ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        struct = spark_struct(st.codec.schema)
+        return self._hand_out("list", stateName, st,
+                              lambda: SparkListState(stateName, struct, st))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,
                     ttlDurationMs: int | None = None):
-        self._require_init("get_map_state", "initializing map state")
-        return self._backend.map_state(stateName, userKeySchema, valueSchema,
-                                       ttl_ms=self._ttl(stateName, ttlDurationMs))
+        what = "initializing map state"
+        self._require_init("get_map_state", what)
+        st = self._backend.map_state(stateName, userKeySchema, valueSchema,
+                                     ttl_ms=self._ttl(stateName, ttlDurationMs, what))
+        ks, vs = spark_struct(st.key_codec.schema), spark_struct(st.value_codec.schema)
+        return self._hand_out("map", stateName, st,
+                              lambda: SparkMapState(stateName, ks, vs, st))
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._require_timers("register_timer", "register timer")
-        self._backend.register_timer(int(expiryTimestampMs))
+        self._backend.register_timer(timer_timestamp(expiryTimestampMs, "RegisterTimer"))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._require_timers("delete_timer", "deleting timer")
-        self._backend.delete_timer(int(expiryTimestampMs))
+        self._backend.delete_timer(timer_timestamp(expiryTimestampMs, "DeleteTimer"))
 
     def listTimers(self) -> Iterator[int]:
+        # Spark's iterator asks the JVM on its first next(): a call that is never iterated
+        # fails nowhere, even in timeMode None
+        return self._timers()
+
+    def _timers(self) -> Iterator[int]:
         self._require_timers("list_timers", "listing timers")
-        return iter(list(self._backend.list_timers()))
+        yield from list(self._backend.list_timers())
 
     def deleteIfExists(self, stateName: str) -> None:
         self._require_init("delete_if_exists", "deleting state")
         self._backend.delete_state(stateName)
+        for kind in ("value", "list", "map"):
+            for st in self._handed.get((kind, stateName), ()):
+                st.bind(None)
 
 
 def timer_values(ctx: BatchContext, time_mode: str) -> TimerValues:

@@ -434,3 +434,184 @@ def apply_key_echo(key, pdfs, state):
     total = n + (state.get[0] if state.exists else 0)
     state.update((total,))
     yield pd.DataFrame({"k": [key[0]], "v": [total], "s": [key_repr(key)]})
+
+
+# --- misuse Spark's client survives ----------------------------------------------------
+
+
+def outcome(call) -> str:
+    """What ``call()`` gives, as text: its result's type and ``repr``, or the exception's
+    class, error condition and message (iterators are drained inside the call). The class
+    named is the nearest one PySpark or Python defines: statebackend's errors subclass
+    PySpark's (``StateError`` is a ``PySparkRuntimeError``)."""
+    try:
+        r = call()
+    except Exception as e:  # noqa: BLE001 - the class is part of the outcome
+        cls = next(c for c in type(e).__mro__
+                   if c.__module__.split(".")[0] in ("pyspark", "builtins"))
+        cond = e.getCondition() if isinstance(e, PySparkException) else None
+        return f"{cls.__name__} [{cond}] {e}"
+    return f"{type(r).__name__} {canon(r)}"
+
+
+class MisusedStates(StatefulProcessor):
+    """Every state call a processor can get wrong without Spark losing its worker: objects
+    Spark's client converts (a one-character string as a map key, a list, a Row, numpy and
+    pandas scalars), objects it refuses before calling the JVM (an int where a tuple goes,
+    a string in a TIMESTAMP field), and states deleted with ``deleteIfExists`` in ``init``.
+    Works in both flavours; ``rows`` is only counted."""
+
+    def init(self, handle):
+        import numpy as np
+
+        self.np = np
+        self.handle = handle
+        self.value = handle.getValueState("value", "c BIGINT")
+        self.pair = handle.getValueState("pair", "name STRING, at TIMESTAMP")
+        self.items = handle.getListState("items", "c BIGINT")
+        self.by_name = handle.getMapState("by_name", "name STRING", "c BIGINT")
+        self.by_pair = handle.getMapState("by_pair", "name STRING, n BIGINT", "c BIGINT, s STRING")
+        self.nested = handle.getValueState(
+            "nested", "inner STRUCT<a: BIGINT, b: BIGINT>, tags ARRAY<STRUCT<x: BIGINT, y: BIGINT>>")
+        self.gone_v = handle.getValueState("gone_v", "c BIGINT")
+        self.gone_l = handle.getListState("gone_l", "c BIGINT")
+        self.gone_m = handle.getMapState("gone_m", "name STRING", "c BIGINT")
+        for name in ("gone_v", "gone_l", "gone_m", "never_declared"):
+            handle.deleteIfExists(name)
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(r) if isinstance(r, pd.DataFrame) else 1 for r in rows)
+        np, v, p, li, m, m2 = self.np, self.value, self.pair, self.items, self.by_name, self.by_pair
+        nv = self.nested
+        at = pd.Timestamp("2026-11-24 09:00:01.5")
+        calls = [
+            # conversions Spark's client makes
+            ("value update list", lambda: v.update([n])),
+            ("value get", lambda: v.get()),
+            ("value update numpy", lambda: v.update((np.int64(n + 1),))),
+            ("value get", lambda: v.get()),
+            ("value update Row", lambda: v.update(Row(c=n + 2))),
+            ("value get", lambda: v.get()),
+            ("pair update pandas", lambda: p.update(("a", at))),
+            ("pair get", lambda: p.get()),
+            ("pair update Row out of order", lambda: p.update(Row(at=at, name="b"))),
+            ("pair update list numpy", lambda: p.update(["c", np.datetime64("2026-11-24T09:00:02")])),
+            ("pair get", lambda: p.get()),
+            ("list put", lambda: li.put([(1,), [np.int32(2)], Row(c=3)])),
+            ("list get", lambda: list(li.get())),
+            ("list append", lambda: li.appendValue([np.int64(4)])),
+            ("list appendList", lambda: li.appendList([[5], (6,)])),
+            ("list get", lambda: list(li.get())),
+            ("map update str key", lambda: m.updateValue("7", (n,))),
+            ("map contains str key", lambda: m.containsKey("7")),
+            ("map contains tuple key", lambda: m.containsKey(("7",))),
+            ("map contains list key", lambda: m.containsKey(["7"])),
+            ("map contains Row key", lambda: m.containsKey(Row(name="7"))),
+            ("map contains absent", lambda: m.containsKey("8")),
+            ("map get str key", lambda: m.getValue("7")),
+            ("map get absent", lambda: m.getValue("8")),
+            ("map update numpy key", lambda: m.updateValue((np.str_("x"),), [np.int64(1)])),
+            ("map keys", lambda: sorted(m.keys())),
+            ("map values", lambda: sorted(m.values())),
+            ("map iterator", lambda: sorted(m.iterator())),
+            ("map remove str key", lambda: m.removeKey("x")),
+            ("map keys", lambda: sorted(m.keys())),
+            ("map2 update list key", lambda: m2.updateValue(["a", np.int64(1)], [2, "s"])),
+            ("map2 update Row key", lambda: m2.updateValue(Row(name="b", n=2), Row(c=3, s="t"))),
+            ("map2 get", lambda: m2.getValue(("a", 1))),
+            ("map2 iterator", lambda: sorted(m2.iterator())),
+            # nested structs: Rows by position, dicts by name
+            ("nested update Rows", lambda: nv.update((Row(b=2, a=1), [Row(y=6, x=5)]))),
+            ("nested get", lambda: nv.get()),
+            ("nested update dicts", lambda: nv.update(({"b": 2, "a": 1}, [{"y": 6, "x": 5}]))),
+            ("nested get", lambda: nv.get()),
+            ("nested update list Rows", lambda: nv.update([[3, 4], [Row(y=8, x=7), (9, 10)]])),
+            ("nested get", lambda: nv.get()),
+            # refused by Spark's client before it reaches the JVM
+            ("value update int", lambda: v.update(5)),
+            ("value update None", lambda: v.update(None)),
+            ("pair update str time", lambda: p.update(("a", "noon"))),
+            ("list append int", lambda: li.appendValue(5)),
+            ("list put ints", lambda: li.put([1, 2])),
+            ("map update int key", lambda: m.updateValue(7, (1,))),
+            ("map contains int key", lambda: m.containsKey(7)),
+            ("map get int key", lambda: m.getValue(7)),
+            ("map remove int key", lambda: m.removeKey(7)),
+            ("map update int value", lambda: m.updateValue("k", 1)),
+            ("value get", lambda: v.get()),
+            # states deleted in init
+            ("gone value exists", lambda: self.gone_v.exists()),
+            ("gone value get", lambda: self.gone_v.get()),
+            ("gone value update", lambda: self.gone_v.update((1,))),
+            ("gone value clear", lambda: self.gone_v.clear()),
+            ("gone list exists", lambda: self.gone_l.exists()),
+            ("gone list get", lambda: list(self.gone_l.get())),
+            ("gone list put", lambda: self.gone_l.put([(1,)])),
+            ("gone list append", lambda: self.gone_l.appendValue((1,))),
+            ("gone list appendList", lambda: self.gone_l.appendList([(1,)])),
+            ("gone list clear", lambda: self.gone_l.clear()),
+            ("gone map exists", lambda: self.gone_m.exists()),
+            ("gone map get", lambda: self.gone_m.getValue("a")),
+            ("gone map contains", lambda: self.gone_m.containsKey("a")),
+            ("gone map update", lambda: self.gone_m.updateValue("a", (1,))),
+            ("gone map iterator", lambda: list(self.gone_m.iterator())),
+            ("gone map keys", lambda: list(self.gone_m.keys())),
+            ("gone map values", lambda: list(self.gone_m.values())),
+            ("gone map remove", lambda: self.gone_m.removeKey("a")),
+            ("gone map clear", lambda: self.gone_m.clear()),
+            # timers in timeMode None: Spark's client asks only when iterated
+            ("listTimers not iterated", lambda: (self.handle.listTimers(), "called")[1]),
+        ]
+        out = [(i, f"{what}: {outcome(call)}") for i, (what, call) in enumerate(calls)]
+        return self.emit(key[0], out)
+
+    def emit(self, k, out):
+        yield pd.DataFrame({"k": [k] * len(out), "v": [i for i, _ in out],
+                            "s": [s for _, s in out]})
+
+    def close(self):
+        pass
+
+
+class RowMisusedStates(MisusedStates):
+    """MisusedStates in the Row flavour (``transformWithState``)."""
+
+    def emit(self, k, out):
+        for i, s in out:
+            yield Row(k=k, v=i, s=s)
+
+
+class MisusedTimers(StatefulProcessor):
+    """Timer calls with timestamps of the wrong type, in ProcessingTime mode (the timers
+    lie far in the future: none fires)."""
+
+    def init(self, handle):
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues):
+        import numpy as np
+
+        for _ in rows:
+            pass
+        h, far = self.handle, 4_000_000_000_000
+        calls = [
+            ("register numpy", lambda: h.registerTimer(np.int64(far))),
+            ("register str", lambda: h.registerTimer("soon")),
+            ("register float", lambda: h.registerTimer(float(far + 1))),
+            ("register None", lambda: h.registerTimer(None)),
+            ("register bool", lambda: h.registerTimer(True)),
+            ("register too big", lambda: h.registerTimer(1 << 64)),
+            ("delete str", lambda: h.deleteTimer("soon")),
+            ("delete float", lambda: h.deleteTimer(float(far))),
+            ("delete numpy", lambda: h.deleteTimer(np.int32(7))),
+            ("list", lambda: sorted(h.listTimers())),
+        ]
+        return self.emit(key[0], [(i, f"{what}: {outcome(call)}")
+                                  for i, (what, call) in enumerate(calls)])
+
+    def emit(self, k, out):
+        yield pd.DataFrame({"k": [k] * len(out), "v": [i for i, _ in out],
+                            "s": [s for _, s in out]})
+
+    def close(self):
+        pass
