@@ -1,0 +1,205 @@
+"""A corpus of damaged checkpoints, in both checkpoint modes (issue 23): each damage ends in
+a typed error naming the damaged file, or in a restore identical to the undamaged state;
+never in another state.
+
+The restore is the one a task of the next batch does: the latest completed record, the
+manifests it names (checked against it), then each partition's RocksDB from durable storage
+(no local copy) with its changelogs replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable
+
+import pytest
+from test_cli_verify import edit_manifest, manifest_file, record, write_record
+
+from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint.fencing import claim, epoch_path
+from statebackend.coordinator import CheckpointCoordinator
+from statebackend.coordinator.coordinator import read_latest_record
+from statebackend.errors import CorruptStateError, RestoreError, StateBackendError
+from statebackend.options import StateBackendOptions
+from statebackend.storage import open_store
+from statebackend.storage.manifests import read_recorded_manifests
+
+OP = "op"
+MAXP = 32  # tests/cli/conftest.py builds with it
+
+
+def restore_all(url: str, tmp: str) -> dict[int, dict]:
+    """Partition -> every entry of every column family, as a task restores it."""
+    store = open_store(url, backoff_s=0.0, retries=0)
+    ostore = store.child(OP)
+    rec = read_latest_record(store, OP)
+    assert rec is not None
+    out = {}
+    for p, m in read_recorded_manifests(ostore, rec).items():
+        cp = PartitionCheckpointer(store, OP, p, StateBackendOptions(max_parallelism=MAXP),
+                                   os.path.join(tmp, uuid.uuid4().hex[:8]))
+        inst, _ = cp.restore(m)
+        try:
+            out[p] = {cf: dict(inst.scan_range(cf, b"", None))
+                      for cf in inst.column_family_names()}
+        finally:
+            inst.close()
+    return out
+
+
+def latest(url: str) -> int:
+    return max(int(f[4:-5]) for f in os.listdir(os.path.join(url, OP, "_checkpoints"))
+               if f.startswith("chk-"))
+
+
+def sst_of(url: str, n: int, p: int) -> dict:
+    with open(manifest_file(url, n, p)) as fh:
+        return next(f for f in json.load(fh)["files"] if f["name"].endswith(".sst"))
+
+
+def flip_bytes(path: str) -> None:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    mid = len(data) // 2
+    with open(path, "wb") as fh:
+        fh.write(data[:mid] + bytes(b ^ 0xFF for b in data[mid:mid + 64]) + data[mid + 64:])
+
+
+# Each damage changes the copy at ``url`` and returns the path (relative to the operator
+# root) a typed error must name, or None when it must be repaired transparently.
+def manifest_sst_entry_removed(url: str) -> str | None:
+    n = latest(url)
+    sst = sst_of(url, n, 0)["name"]
+    edit_manifest(url, n, 0, lambda d: d.update(
+        files=[f for f in d["files"] if f["name"] != sst]), resign=False)
+    return record(url, n)["manifests"]["0"]
+
+
+def manifest_sst_entry_removed_and_record_resigned(url: str) -> str | None:
+    n = latest(url)
+    sst = sst_of(url, n, 0)["name"]
+    edit_manifest(url, n, 0, lambda d: d.update(
+        files=[f for f in d["files"] if f["name"] != sst]))
+    return record(url, n)["manifests"]["0"]
+
+
+def key_groups_overlap(url: str) -> str | None:
+    n = latest(url)
+    edit_manifest(url, n, 0, lambda d: d.update(key_group_end=d["key_group_end"] + 1))
+    return record(url, n)["manifests"]["0"]
+
+
+def record_points_at_older_manifest(url: str) -> str | None:
+    n = latest(url)
+    rec = record(url, n)
+    rec["manifests"]["0"] = record(url, n - 1)["manifests"]["0"]
+    write_record(url, n, rec)
+    return f"_checkpoints/chk-{n}.json"
+
+
+def record_misses_a_partition(url: str) -> str | None:
+    n = latest(url)
+    rec = record(url, n)
+    del rec["manifests"]["1"]
+    write_record(url, n, rec)
+    return f"_checkpoints/chk-{n}.json"
+
+
+def latest_record_deleted(url: str) -> str | None:
+    n = latest(url)
+    os.remove(os.path.join(url, OP, "_checkpoints", f"chk-{n}.json"))
+    return f"_checkpoints/chk-{n}.json"
+
+
+def sst_bytes_flipped(url: str) -> str | None:
+    f = sst_of(url, latest(url), 0)
+    flip_bytes(os.path.join(url, OP, f["path"]))
+    return f["path"]
+
+
+def sst_deleted(url: str) -> str | None:
+    f = sst_of(url, latest(url), 1)
+    os.remove(os.path.join(url, OP, f["path"]))
+    return f["path"]
+
+
+def manifest_truncated(url: str) -> str | None:
+    rel = record(url, latest(url))["manifests"]["1"]
+    path = os.path.join(url, OP, rel)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    with open(path, "wb") as fh:
+        fh.write(data[: len(data) // 2])
+    return rel
+
+
+def changelog_entry_removed_and_record_resigned(url: str) -> str | None:
+    n = latest(url)
+    with open(manifest_file(url, n, 0)) as fh:
+        logs = [f for f in json.load(fh)["files"] if f["name"].startswith("changelog-")]
+    if not logs:
+        pytest.fail("the latest checkpoint of the changelog build replays changelogs")
+    edit_manifest(url, n, 0, lambda d: d.update(
+        files=[f for f in d["files"] if f["name"] != logs[0]["name"]]))
+    return None  # the error names the changelog after the gap (or the manifest)
+
+
+DAMAGES: list[Callable[[str], str | None]] = [
+    manifest_sst_entry_removed, manifest_sst_entry_removed_and_record_resigned,
+    key_groups_overlap, record_points_at_older_manifest, record_misses_a_partition,
+    latest_record_deleted, sst_bytes_flipped, sst_deleted, manifest_truncated,
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
+def test_every_damage_is_a_typed_error_naming_the_file_never_another_state(
+        built, built_copy, tmp_path, damage):
+    undamaged = restore_all(built.url, str(tmp_path / "ref"))
+    named = damage(built_copy.url)
+    try:
+        got = restore_all(built_copy.url, str(tmp_path / "try"))
+    except (CorruptStateError, RestoreError) as exc:
+        assert named is not None
+        assert named in str(exc) or getattr(exc, "path", None) == named, (named, str(exc))
+        return
+    except StateBackendError as exc:  # typed, but not the integrity error: not expected
+        pytest.fail(f"{damage.__name__}: {type(exc).__name__}: {exc}")
+    assert got == undamaged, f"{damage.__name__} restored another state"
+
+
+@pytest.mark.parametrize("built", ["changelog"], indirect=True)
+def test_a_changelog_gap_with_consistent_json_is_refused(built, built_copy, tmp_path):
+    undamaged = restore_all(built.url, str(tmp_path / "ref"))
+    changelog_entry_removed_and_record_resigned(built_copy.url)
+    try:
+        got = restore_all(built_copy.url, str(tmp_path / "try"))
+    except CorruptStateError as exc:
+        assert "changelog" in str(exc) and exc.path is not None
+        return
+    assert got == undamaged
+
+
+def test_a_deleted_latest_record_is_completed_again_by_the_next_start(built_copy, tmp_path):
+    n = latest(built_copy.url)
+    before = record(built_copy.url, n)
+    latest_record_deleted(built_copy.url)
+    store = open_store(built_copy.url)
+    with pytest.raises(CorruptStateError, match=f"chk-{n}.json"):
+        read_latest_record(store, OP)
+    coord = CheckpointCoordinator(store, OP, 2, MAXP, num_retained=10)  # a restart's planning
+    assert coord.latest().checkpoint_id == n
+    again = record(built_copy.url, n)
+    assert again["manifests"] == before["manifests"]
+    assert again["manifest_digests"] == before["manifest_digests"]
+    assert read_latest_record(store, OP).checkpoint_id == n
+
+
+def test_an_edited_writer_epoch_is_a_typed_error(built_copy):
+    ostore = open_store(built_copy.url).child(OP)
+    claim(ostore, "q", "run-1")
+    with open(os.path.join(built_copy.url, OP, epoch_path(1)), "w") as fh:
+        fh.write('{"epoch": 1, "run_id": "someone"}')
+    with pytest.raises(CorruptStateError, match="epoch-000000000001.json"):
+        claim(ostore, "q", "run-2")
