@@ -466,7 +466,9 @@ class PartitionCheckpointer:
             if counts0 is not None and counts1 is not None:
                 # the changelog's requests, the adoption's read, plus the manifest's PUT
                 extra["checkpoint_requests"] = (counts1 - counts0
-                                                + RequestCounts(put=1)).to_dict()
+                                                + RequestCounts(
+                                                    put=1, head=int(self.writer_epoch is not None))
+                                                ).to_dict()
             manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
             check_publisher(self.store, manifest)
             publish_manifest(self.store, manifest)

@@ -166,8 +166,10 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
     extra = dict(extra_metrics or {})
     counts1 = store.request_counts()
     if counts0 is not None and counts1 is not None:
-        # The uploads' requests, plus the manifest's own PUT (it cannot count itself)
-        extra["checkpoint_requests"] = (counts1 - counts0 + RequestCounts(put=1)).to_dict()
+        # The uploads' requests, plus the manifest's own PUT (it cannot count itself) and
+        # the fencing check just before it
+        own = RequestCounts(put=1, head=0 if writer_epoch is None else 1)
+        extra["checkpoint_requests"] = (counts1 - counts0 + own).to_dict()
     manifest = manifest.with_metrics(**extra, **metrics.to_dict())
     check_publisher(store, manifest)
     publish_manifest(store, manifest)
