@@ -271,3 +271,22 @@ def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
     assert all_files(store) == files
     a.task(1, rows(1))
     assert a.complete(1) is not None
+
+
+def test_fencing_off_never_claims_checks_or_stamps(store: DurableStore, tmp_path: Path) -> None:
+    from statebackend.spark.runner import writer_epoch
+    from statebackend.spark.task import OperatorConfig
+
+    ostore = store.child(OP)
+    config = OperatorConfig(operator_id=OP, checkpoint_location=store.root,
+                            storage_options={}, parallelism=1, key=None,  # type: ignore[arg-type]
+                            options=StateBackendOptions(fencing=False), run_id="run-z")
+    assert writer_epoch(config, ostore) is None
+    assert list_epochs(ostore) == []
+    # a coordinator without fencing completes and collects whatever epochs exist
+    claim(ostore, QUERY, "run-a")
+    claim(ostore, QUERY, "run-b")
+    coord = CheckpointCoordinator(store, OP, 1, 8, num_retained=1, fencing=False)
+    w = Writer(store, tmp_path, "run-b")
+    w.task(0, rows(0))
+    assert coord.try_complete(0, run_id="run-a") is not None  # run-a is fenced, unchecked
