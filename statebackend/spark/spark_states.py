@@ -21,7 +21,7 @@ any, follows as `` (statebackend: ...)``. The messages are Spark 4.x's, checked 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyspark.sql.streaming.stateful_processor_api_client as _client
@@ -41,13 +41,13 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    Row,
     ShortType,
     StringType,
     StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
-    _create_row,
 )
 
 from ..errors import SchemaError, StateError
@@ -168,18 +168,87 @@ class SparkValueState(_SparkValueState):
         update(spark_tuple(self._struct, newValue))
 
 
+def _fast_many(direct: Callable[[Any], None], slow: Callable[[Any], None]
+               ) -> Callable[[Any], None]:
+    """``direct`` for a non-empty list of plain tuples (the per-key path: one frame, as
+    calling our state itself), ``slow`` (Spark's conversion) for anything else or when our
+    codec refuses."""
+    def call(values: Any) -> None:
+        if values.__class__ is list and values:
+            for v in values:
+                if v.__class__ is not tuple:
+                    break
+            else:
+                try:
+                    direct(values)
+                    return
+                except SchemaError:
+                    pass
+        slow(values)
+    return call
+
+
+def _fast_get(direct: Callable[[Any], Any], slow: Callable[[Any], Any], names: list[str]
+              ) -> Callable[[Any], Any]:
+    """A map state's ``getValue`` for a plain tuple key: our state's value as the ``Row``
+    Spark returns (built as ``_create_row`` builds it, without Row's argument checks)."""
+    def call(key: Any) -> Any:
+        if key.__class__ is not tuple:
+            return slow(key)
+        try:
+            v = direct(key)
+        except SchemaError:
+            return slow(key)
+        if v is None:
+            return None
+        row = tuple.__new__(Row, v)
+        row.__fields__ = names
+        return row
+    return call
+
+
+def _fast_one(direct: Callable[..., Any], slow: Callable[..., Any]) -> Callable[..., Any]:
+    """``direct`` when every argument is a plain tuple, else ``slow`` (see _fast_many)."""
+    def call(*args: Any) -> Any:
+        for a in args:
+            if a.__class__ is not tuple:
+                return slow(*args)
+        try:
+            return direct(*args)
+        except SchemaError:
+            return slow(*args)
+    return call
+
+
 class SparkListState(_SparkListState):
-    """PySpark's ``ListState`` over our :class:`~statebackend.state.list.ListState`."""
+    """PySpark's ``ListState`` over our :class:`~statebackend.state.list.ListState`.
+
+    ``get`` and ``exists`` are our state's own methods while it is bound; writes of plain
+    tuples go to it directly (one call per key, as before the wrapper), anything else
+    through Spark's conversion.
+    """
 
     def __init__(self, name: str, struct: StructType, state: ListState | None) -> None:  # noqa: D107
         self._stateName = name
         self._struct = struct
         self._fast = not converts_always(struct)
-        self._st = state
+        self.bind(state)
 
     def bind(self, state: ListState | None) -> None:
         """Point at ``state``; None: the state was deleted."""
         self._st = state
+        for name in ("get", "exists", "put", "appendValue", "appendList"):
+            # class methods again: Spark's empty iterator, its errors, its conversion
+            self.__dict__.pop(name, None)
+        if state is not None:
+            self.get, self.exists = state.get, state.exists  # type: ignore[method-assign]
+            if self._fast:
+                cls = type(self)
+                self.put = _fast_many(state.put, cls.put.__get__(self))  # type: ignore[method-assign]
+                self.appendList = _fast_many(  # type: ignore[method-assign]
+                    state.appendList, cls.appendList.__get__(self))
+                self.appendValue = _fast_one(  # type: ignore[method-assign]
+                    state.appendValue, cls.appendValue.__get__(self))
 
     def _state(self, client_text: str) -> ListState:
         if self._st is None:
@@ -215,6 +284,8 @@ class SparkListState(_SparkListState):
         # Spark's iterator ends quietly when the server answers with an error
         return iter(()) if self._st is None else self._st.get()
 
+    # The general paths (Spark's conversion); bind() puts faster ones in front for plain
+    # tuples while a state is bound.
     def put(self, newState: Iterable[Any]) -> None:  # noqa: N803 - PySpark's name
         self._write("put", self._rows(newState))
 
@@ -243,11 +314,37 @@ class SparkMapState(_SparkMapState):
         self._names = list(value_struct.names)
         self._fast_key = not converts_always(key_struct)
         self._fast_value = not converts_always(value_struct)
-        self._st = state
+        self.bind(state)
 
     def bind(self, state: MapState | None) -> None:
         """Point at ``state``; None: the state was deleted."""
         self._st = state
+        reads = ("exists", "iterator", "keys", "values")
+        for name in (*reads, "getValue", "containsKey", "updateValue", "removeKey"):
+            # class methods again: Spark's empty iterators, errors and conversion
+            self.__dict__.pop(name, None)
+        if state is None:
+            return
+        for name in reads:
+            setattr(self, name, getattr(state, name))
+        cls = type(self)
+        if self._fast_key:
+            self.containsKey = _fast_one(  # type: ignore[method-assign]
+                state.containsKey, cls.containsKey.__get__(self))
+            self.removeKey = _fast_one(  # type: ignore[method-assign]
+                state.removeKey, cls.removeKey.__get__(self))
+            self.getValue = _fast_get(state.getValue, cls.getValue.__get__(self),  # type: ignore[method-assign]
+                                      self._names)
+            if self._fast_value:
+                self.updateValue = _fast_one(  # type: ignore[method-assign]
+                    state.updateValue, cls.updateValue.__get__(self))
+
+    def _row(self, v: tuple[Any, ...] | None) -> Any:
+        if v is None:
+            return None
+        row = tuple.__new__(Row, v)  # what _create_row makes, without Row's argument checks
+        row.__fields__ = self._names
+        return row
 
     def _call(self, client_text: str, op: str, key: Any, *value: Any) -> Any:
         k = key if key.__class__ is tuple and self._fast_key \
@@ -270,9 +367,10 @@ class SparkMapState(_SparkMapState):
             raise _not_initialized("Error checking map state exists", "Map", self._stateName)
         return self._st.exists()
 
+    # The general paths (Spark's conversion); bind() puts faster ones in front for plain
+    # tuples while a state is bound.
     def getValue(self, key: Any) -> Any:  # noqa: N802 - PySpark's name
-        v = self._call("Error getting value", "getValue", key)
-        return None if v is None else _create_row(self._names, v)
+        return self._row(self._call("Error getting value", "getValue", key))
 
     def containsKey(self, key: Any) -> bool:  # noqa: N802 - PySpark's name
         return self._call("Error checking if map state contains key", "containsKey",  # type: ignore[no-any-return]
