@@ -357,7 +357,7 @@ class Versions:
         row = v.decode(raw[10:] if v.ttl else raw[2:])
         if v.project is not None:
             row = v.project(row)
-        return (exp if self.ttl else None), row
+        return (exp if self.ttl and exp != NO_EXPIRY else None), row
 
     def normalize_list(self, raw: bytes | None) -> bytes | None:
         """A list state's value with every element in the current layout."""

@@ -230,7 +230,10 @@ def test_ttl_added_and_removed(env: Env) -> None:
     li.put([(2,)])
     m.updateValue((0,), (2,))
     b.set_current_key(K[0])
-    li.appendValue((3,))
+    li.appendValue((3,))  # the old element is written again, still without an expiry
+    b.flush()
+    assert {x[1]: x[2] is None for x in rows(b, "l")} == {(1,): True, (2,): False,
+                                                           (3,): False}
     clock.now += 1_000
     assert b.purge_expired() == 4  # the new values only (K1's three, K0's appended one)
     assert s.get() == (1,) and list(li.get()) == [(1,)] and m.getValue((0,)) == (1,)
