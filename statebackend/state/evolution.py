@@ -9,7 +9,7 @@ A state's descriptor records its current version (``schema_id``, ``value_schema`
 ``ttl_ms``) and every earlier one (``history``: ``(id, value DDL, has TTL)``), so a value
 is always read through the schema it was written with and then projected onto the
 current one: fields matched by name at every depth, widened where the type widened,
-None for a field the old value lacks, dropped when the new schema lacks it. Values are
+the field's DEFAULT (else None) for a field the old value lacks, dropped when the new schema lacks it. Values are
 never rewritten by a schema change; a value is stored under the new version when the
 user next writes it.
 
@@ -20,8 +20,8 @@ evolved independently give the same version the same id, and their descriptors m
 Descriptors without ``schema_id`` were written before versions were recorded: their
 values carry no id (legacy). They are read as before and cannot change schema.
 
-Accepted changes (at every depth of structs, arrays and map values): added nullable
-fields, removed fields, reordered fields, widening (:data:`WIDENING`, decimals to a
+Accepted changes (at every depth of structs, arrays and map values): added fields
+(nullable, or with a DDL ``DEFAULT``, which old values then read as), removed fields, reordered fields, widening (:data:`WIDENING`, decimals to a
 precision and scale that hold every old value), NOT NULL to nullable, adding, removing or
 changing a TTL. Refused, with :class:`~statebackend.errors.SchemaEvolutionError` before
 anything is written: narrowing and other type changes, nullable to NOT NULL, an added NOT
@@ -123,10 +123,10 @@ def _check_fields(state: str, path: str, wf: tuple[Field, ...], rf: tuple[Field,
         p = f"{path}.{f.name}" if path else f.name
         o = old.get(f.name)
         if o is None:
-            if not f.nullable:
-                raise _fail(state, p, f"adding NOT NULL field {f.name!r} (old values have "
-                                      f"no value for it; a rename is a removal plus an "
-                                      f"addition)")
+            if not f.nullable and f.default is None:
+                raise _fail(state, p, f"adding NOT NULL field {f.name!r} without a DEFAULT "
+                                      f"(old values have no value for it; a rename is a "
+                                      f"removal plus an addition)")
             continue
         if o.nullable and not f.nullable:
             raise _fail(state, p, "making a nullable field NOT NULL")
@@ -283,16 +283,18 @@ def _projector(wf: tuple[Field, ...], rf: tuple[Field, ...]
                ) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
     """``old tuple -> new tuple`` by field name; None when it would be the identity."""
     index = {f.name: i for i, f in enumerate(wf)}
-    plan: list[tuple[int | None, Callable[[Any], Any] | None]] = []
+    plan: list[tuple[int | None, Callable[[Any], Any] | None, Any]] = []
     for f in rf:
         i = index.get(f.name)
-        plan.append((i, None if i is None else _converter(wf[i].type, f.type)))
-    if len(wf) == len(rf) and all(i == k and c is None for k, (i, c) in enumerate(plan)):
+        plan.append((i, None if i is None else _converter(wf[i].type, f.type),
+                     f.default_value() if i is None else None))
+    if len(wf) == len(rf) and all(i == k and c is None for k, (i, c, _) in enumerate(plan)):
         return None
 
     def project(v: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(None if i is None else v[i] if c is None or v[i] is None else c(v[i])
-                     for i, c in plan)
+        # an added field: its DEFAULT (None without one)
+        return tuple(d if i is None else v[i] if c is None or v[i] is None else c(v[i])
+                     for i, c, d in plan)
     return project
 
 

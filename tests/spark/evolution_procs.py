@@ -33,12 +33,12 @@ class CountV1(StatefulProcessor):
 
 
 class CountV2(StatefulProcessor):
-    """CountV1 after compatible changes: fields reordered, added (also inside the struct),
-    widened (INT to BIGINT, at every depth), a TTL added to the list."""
+    """CountV1 after compatible changes: fields reordered, added (also inside the struct;
+    one with a DEFAULT), widened (INT to BIGINT, at every depth), a TTL added to the list."""
 
     def init(self, handle):
         self.acc = handle.getValueState(
-            "acc", "note STRING, meta STRUCT<b: STRING, a: BIGINT>, n BIGINT")
+            "acc", "note STRING DEFAULT 'old', meta STRUCT<b: STRING, a: BIGINT>, n BIGINT")
         self.xs = handle.getListState("xs", "y STRING, x BIGINT", 3_600_000)
         self.m = handle.getMapState("m", "sub BIGINT", "c BIGINT, d DOUBLE")
 

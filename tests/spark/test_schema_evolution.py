@@ -58,7 +58,7 @@ def test_transform_with_state_every_kind_keeps_its_values(spark, tmp_path):
     assert {k: v.n for k, v in acc.items()} == totals
     for k, v in acc.items():
         touched = k in set(data[2]["k"]) | set(data[3]["k"])
-        assert v.note == ("v2" if touched else None)  # untouched keys: old values, projected
+        assert v.note == ("v2" if touched else "old")  # untouched: old values, projected
         if not touched:  # meta.a: the row count of the key's last batch (v1 wrote it)
             last = [int((pdf["k"] == k).sum()) for pdf in data[:2] if (pdf["k"] == k).any()]
             assert v.meta.b is None and v.meta.a == last[-1]

@@ -108,6 +108,10 @@ COMPATIBLE = [
      (decimal.Decimal("1.25"),)),                                       # decimal widening
     ("a DATE", (dt.date(2024, 1, 2),), "a TIMESTAMP", (dt.datetime(2024, 1, 2),)),
     ("a INT, b STRING", (7, "x"), "c STRING, a BIGINT", (None, 7)),    # rename = drop + add
+    ("a INT", (7,), "a INT, b INT NOT NULL DEFAULT 5, c STRING DEFAULT 'it\\'s'",
+     (7, 5, "it's")),                                                  # added with defaults
+    ("s STRUCT<x: INT>", ((1,),), "s STRUCT<x: INT, y: DOUBLE DEFAULT -0.5>",
+     ((1, -0.5),)),                                                    # nested default
     # nested: structs of structs, arrays, map values evolve by the same rules
     ("s STRUCT<x: INT, y: STRUCT<p: INT, q: STRING>>",
      ((1, (2, "q")),),
@@ -547,3 +551,19 @@ def test_any_sequence_of_compatible_changes_reads_everything_back(
                 assert (tuple(got[0]) if nested else tuple(got)) == expected
         finally:
             e.close()
+
+
+def test_default_clause_parses_round_trips_and_is_checked() -> None:
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from statebackend.state.schema import parse_ddl, to_schema
+
+    s = parse_ddl("a INT DEFAULT -3, b STRING NOT NULL DEFAULT 'it\\'s', c BOOLEAN DEFAULT TRUE,"
+                  " d DECIMAL(5,2) DEFAULT 1.5, e DOUBLE DEFAULT 2e3, f INT DEFAULT NULL")
+    assert parse_ddl(s.ddl()) == s
+    assert [f.default_value() for f in s.fields] == [-3, "it's", True, decimal.Decimal("1.5"),
+                                                     2000.0, None]
+    with pytest.raises(SchemaError, match="DEFAULT 'x' is not a value of type INT"):
+        parse_ddl("a INT DEFAULT 'x'")
+    spark = StructType([StructField("a", IntegerType(), False, {"EXISTS_DEFAULT": "42"})])
+    assert to_schema(spark).ddl() == "a INT NOT NULL DEFAULT 42"
