@@ -63,6 +63,8 @@ WIDENING: dict[str, frozenset[str]] = {
     "bigint": frozenset({"float", "double"}),
     "float": frozenset({"double"}),
     "date": frozenset({"timestamp", "timestamp_ntz"}),
+    "string": frozenset({"binary"}),
+    "binary": frozenset({"string"}),
 }
 
 _REMEDY = ("Keep the earlier type (a wider one is accepted), or store the data under a "
@@ -253,6 +255,10 @@ def _converter(w: DataType, r: DataType) -> Callable[[Any], Any] | None:
     if w.name != r.name:
         if r.name in ("float", "double"):
             return float
+        if r.name == "binary":
+            return lambda x: x.encode("utf-8")
+        if r.name == "string" and w.name == "binary":
+            return lambda x: bytes(x).decode("utf-8", errors="replace")
         if r.name in ("timestamp", "timestamp_ntz") and w.name == "date":
             import datetime as dt
             return lambda d: dt.datetime(d.year, d.month, d.day)

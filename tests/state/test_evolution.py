@@ -107,6 +107,7 @@ COMPATIBLE = [
     ("a DECIMAL(5,2)", (decimal.Decimal("1.25"),), "a DECIMAL(10,3)",
      (decimal.Decimal("1.25"),)),                                       # decimal widening
     ("a DATE", (dt.date(2024, 1, 2),), "a TIMESTAMP", (dt.datetime(2024, 1, 2),)),
+    ("a STRING, b BINARY", ("é", b"x"), "a BINARY, b STRING", ("é".encode(), "x")),
     ("a INT, b STRING", (7, "x"), "c STRING, a BIGINT", (None, 7)),    # rename = drop + add
     ("a INT", (7,), "a INT, b INT NOT NULL DEFAULT 5, c STRING DEFAULT 'it\\'s'",
      (7, 5, "it's")),                                                  # added with defaults
