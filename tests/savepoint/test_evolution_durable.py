@@ -152,3 +152,16 @@ def test_rescale_reads_every_version(store, tmp_path, built):
         got.update(read_backend(KeyedStateBackend(inst, clock=lambda: 0), encoded_keys(N)))
         inst.close()
     assert got == ref
+
+
+def test_change_feed_across_a_schema_change(store, tmp_path, built):
+    """Checkpoint 0 -> 1: the puts of partition 0's new code, decoded with the new schema
+    (the feed reads changelogs in changelog mode, compares snapshots otherwise)."""
+    from statebackend.spark.changes import change_rows, plan_changes
+
+    coord, ref, _ = built
+    plan = plan_changes(store, OP, 0, 1, key_types=["string"])
+    rows = list(change_rows(store, OP, 0, 1, "v", plan=plan))
+    by_name = {f"k{i}": k for i, k in enumerate(encoded_keys(N))}
+    puts = {by_name[r.key[0]]: plain(r.value) for r in rows if r.operation == "put"}
+    assert puts and puts == {k: v[0] for k, v in ref.items() if v[0][0] == "new"}
