@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..checkpoint.manifest import StateDescriptor
-from ..errors import CorruptStateError, SchemaEvolutionError
+from ..errors import CorruptStateError, IncompatibleStateError, SchemaEvolutionError
 from .codec import RowCodec, _row_factory, compile_codec
 from .schema import DataType, Field, Schema, parse_ddl
 
@@ -198,6 +198,8 @@ def merge_descriptors(a: StateDescriptor, b: StateDescriptor) -> StateDescriptor
     current version is the newer; the merged history is the union."""
     if a == b:
         return a
+    if (a.schema_id is None) != (b.schema_id is None):
+        return None  # values with and without schema ids: not one layout
     if (a.kind, a.user_key_schema, a.blocks) != (b.kind, b.user_key_schema, b.blocks) or \
             a.schema_id is None or b.schema_id is None:
         return None if (a.kind, a.value_schema, a.user_key_schema, a.blocks,
@@ -241,6 +243,12 @@ def merge_meta_entry(key: bytes, a: bytes, b: bytes) -> bytes:
         da, db = (StateDescriptor(**json.loads(x)) for x in (a, b))
     except (ValueError, TypeError):
         return a
+    if (da.schema_id is None) != (db.schema_id is None):
+        raise IncompatibleStateError(
+            f"state {da.name!r} is stored without schema ids in some partitions (written "
+            f"before schema versions) and with them in others: their entries cannot be "
+            f"merged into one partition. Keep the query's parallelism, or read the state "
+            f"(read_state) and write it into a new state name")
     merged = merge_descriptors(da, db)
     return a if merged is None or merged == da else descriptor_json(merged)
 

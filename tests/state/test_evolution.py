@@ -436,9 +436,17 @@ def test_descriptors_of_partitions_that_evolved_apart_merge(tmp_path: Path) -> N
         bb.close()
 
 
-def test_merge_keeps_unrelated_entries() -> None:
+def test_merging_descriptors_of_both_layouts_is_refused() -> None:
+    from statebackend.errors import IncompatibleStateError
+    from statebackend.state.evolution import descriptor_json, merge_meta_entry
+
     d = evolve(None, StateDescriptor("s", "value", "a INT"))
+    legacy = StateDescriptor("s", "value", "a INT")
     assert merge_descriptors(d, d) is d
+    assert merge_descriptors(d, legacy) is None and merge_descriptors(legacy, d) is None
+    assert merge_meta_entry(b"timer_service", b"rocksdb", b"heap") == b"rocksdb"
+    with pytest.raises(IncompatibleStateError, match="without schema ids in some partitions"):
+        merge_meta_entry(b"state/s", descriptor_json(d), descriptor_json(legacy))
     assert NO_EXPIRY == (1 << 63) - 1
 
 
