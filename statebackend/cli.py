@@ -404,7 +404,9 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
                   else f"({s.value_schema})" if s.value_schema else "")
         ttl = f" ttl={s.ttl_ms}ms" if s.ttl_ms is not None else ""
         blocks = f" {s.blocks} blocks per key group" if s.blocks is not None else ""
-        out.write(f"  state {s.name}: {s.kind}{schema}{ttl}{blocks}\n")
+        versions = (f", {len(s.history)} earlier schema version(s) still read"
+                    if s.history else "")
+        out.write(f"  state {s.name}: {s.kind}{schema}{ttl}{blocks}{versions}\n")
     out.write("\n")
     _table(rows, ["partition", "key groups", "files", "shared", "private", "uploaded", "rows",
                   "keys", "restore", "attempt"], out)

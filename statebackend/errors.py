@@ -82,6 +82,31 @@ class SchemaError(StateError, PySparkTypeError):
     """
 
 
+class SchemaEvolutionError(SchemaError):
+    """A state's new declaration cannot read the values stored under an earlier schema
+    (narrowing, a changed map key, an added NOT NULL field...). Raised when the state is
+    declared, before anything is written.
+
+    Attributes
+    ----------
+    state : str
+        The state's name.
+    field : str
+        Path of the field (``a.b``, ``a.element``, ``m.value``; ``""`` for the state).
+    change : str
+        What changed, e.g. ``"narrowing BIGINT to INT"``.
+    """
+
+    def __init__(self, state: str, field: str, change: str, remedy: str) -> None:
+        where = f"field {field!r} of " if field else ""
+        super().__init__(f"{where}state {state!r}: {change} is not a compatible schema "
+                         f"change (values stored under the earlier schema could not be "
+                         f"read). {remedy}")
+        self.state = state
+        self.field = field
+        self.change = change
+
+
 # --- storage and checkpoints -------------------------------------------------------
 
 

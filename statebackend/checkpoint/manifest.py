@@ -141,6 +141,12 @@ class StateDescriptor:
 
     ``blocks`` is set for kind ``blocks`` only: the number of value blocks per key group
     (see :class:`statebackend.state.value.BlockState`).
+
+    ``schema_id`` is the id of the current schema version (``value_schema`` with or
+    without a TTL), which every value written under it starts with; ``history`` holds
+    the earlier versions as ``(id, value_schema, has_ttl)``, sorted by id (see
+    :mod:`statebackend.state.evolution`). A descriptor without ``schema_id`` predates
+    schema versions: its values carry no id.
     """
 
     name: str
@@ -149,6 +155,15 @@ class StateDescriptor:
     user_key_schema: str | None = None
     ttl_ms: int | None = None
     blocks: int | None = None
+    schema_id: int | None = None
+    history: tuple[tuple[int, str, bool], ...] = ()
+
+    def __post_init__(self) -> None:
+        # JSON gives lists: keep the descriptor hashable and equal to the one written.
+        if self.history.__class__ is not tuple or any(
+                h.__class__ is not tuple for h in self.history):
+            object.__setattr__(self, "history", tuple(
+                (int(h[0]), str(h[1]), bool(h[2])) for h in self.history))
 
 
 @dataclass(frozen=True)

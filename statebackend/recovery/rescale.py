@@ -40,6 +40,7 @@ from ..keygroups import KeyGroupRange, key_group_range, rescale_sources
 from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.reader import SavepointReader, check_max_parallelism
 from ..savepoint.writer import GLOBAL_COLUMN_FAMILIES
+from ..state.evolution import merge_meta_entry
 from ..storage.manifests import read_recorded_manifests
 from .local import LocalCopyError, LocalRecovery
 
@@ -119,8 +120,11 @@ def merge_global(src: RocksDBInstance, dst: RocksDBInstance) -> None:
         if not entries:
             continue
         have = dst.multi_get(cf, list(entries))
+        # Entries dst lacks, and state descriptors whose schema versions differ (merged).
         missing: dict[bytes, bytes | None] = {
-            k: v for (k, v), h in zip(entries.items(), have) if h is None}
+            k: v if h is None else merge_meta_entry(k, h, v)
+            for (k, v), h in zip(entries.items(), have)
+            if h is None or merge_meta_entry(k, h, v) != h}
         if missing:
             dst.write({cf: missing})
 

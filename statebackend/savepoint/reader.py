@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import CorruptStateError, IncompatibleStateError, StorageError
 from ..keygroups import KeyGroupRange
 from ..rocksdb.instance import RocksDBInstance
+from ..state.evolution import merge_meta_entry
 from ..storage.base import DurableStore
 from .format import (
     GLOBAL_KEY_GROUP,
@@ -169,7 +170,9 @@ class SavepointReader:
         for name in sorted(self.manifest.files):
             for cf, _b, entries, _n in self._blocks(name, self.file(name).blocks_of(
                     GLOBAL_KEY_GROUP)):
-                out.setdefault(cf, {}).update(entries)
+                merged = out.setdefault(cf, {})
+                for k, v in entries:
+                    merged[k] = v if k not in merged else merge_meta_entry(k, merged[k], v)
         return out
 
     def restore_into(self, instance: RocksDBInstance, kg_range: KeyGroupRange,

@@ -31,6 +31,7 @@ from ..keycodec import key_group_bounds
 from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
+from ..state.evolution import merge_descriptors
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store, read_manifest, read_recorded_manifests
 from .format import (
@@ -256,7 +257,9 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
                             "size": t.size, "checksum": t.checksum, "partition": p,
                             "entries": stats.entries}
             for d in m.states:
-                states.setdefault(d.name, d)
+                # Partitions may know different schema versions of a state: keep them all.
+                states[d.name] = merge_descriptors(states.get(d.name, d), d) or \
+                    states.get(d.name, d)
             raw += stats.raw_bytes
             stored += stats.stored_bytes
             entries += stats.entries

@@ -48,6 +48,7 @@ from ..checkpoint.restore import fetch_changelog
 from ..errors import StateError
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
+from ..state.evolution import merge_descriptors
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store
 from .read_state import (
@@ -159,7 +160,9 @@ def plan_changes(store: DurableStore, operator_id: str, from_id: int, to_id: int
         raise StateError(f"checkpoints {from_id} and {to_id} of {operator_id!r} use "
                          f"max_parallelism {a.record.max_parallelism} and "
                          f"{b.record.max_parallelism}: their keys are not comparable")
-    states = {**a.states, **b.states}  # b's schema wins for a state both declare
+    # b's schema wins for a state both declare; a's schema versions stay readable
+    states = {**a.states, **{n: merge_descriptors(d, a.states[n]) or d
+                             if n in a.states else d for n, d in b.states.items()}}
     view = replace(b, states=states)
     old_units = a.units()
     blocks = any(d.kind == "blocks" for d in states.values())

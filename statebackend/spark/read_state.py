@@ -49,8 +49,8 @@ from ..keycodec import decode_grouping_key
 from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
-from ..state.base import EXPIRY
 from ..state.codec import compile_codec
+from ..state.evolution import Versions, merge_descriptors
 from ..state.layout import decode_ts, split_composite
 from ..state.list import _elements
 from ..state.schema import Schema, parse_ddl
@@ -273,8 +273,10 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
     for m in manifests.values():
         for d in m.states:
             old = states.setdefault(d.name, d)
-            if (old.kind, old.value_schema, old.user_key_schema) != \
-                    (d.kind, d.value_schema, d.user_key_schema):
+            merged = merge_descriptors(old, d)
+            if merged is not None:
+                states[d.name] = merged
+            else:
                 raise CorruptStateError(f"checkpoint {record.checkpoint_id}: state {d.name!r} "
                                         f"has different schemas in different partitions",
                                         checkpoint_id=record.checkpoint_id, path=m.path)
@@ -343,15 +345,20 @@ class EntryDecoder:
                              f"not know")
         self.types = list(key_types)
         self.ttl = d.ttl_ms is not None
-        self.decode = compile_codec(value_schema(d), f"state {d.name!r}").decode
+        if d.kind == "timers":
+            self.decode = compile_codec(value_schema(d), f"state {d.name!r}").decode
+        else:
+            # Values of every schema version, read as the current one (see
+            # statebackend.state.evolution).
+            self._versions = Versions(d)
+            self.decode = lambda payload: self._versions.read(payload)[1]
         ukey = user_key_schema(d)
         self.key_decode = (compile_codec(ukey, f"map state {d.name!r} user key").decode
                            if ukey else None)
 
-    def _split(self, raw: bytes) -> tuple[int | None, bytes]:
-        if self.ttl:
-            return EXPIRY.unpack_from(raw)[0], raw[8:]
-        return None, raw
+    def _split(self, raw: bytes) -> tuple[int | None, tuple[Any, ...]]:
+        """``(expiry, decoded value)`` of one stored value (or list element)."""
+        return self._versions.read(raw)
 
     def grouping_key(self, gk: bytes) -> tuple[Any, ...]:
         return decode_grouping_key(gk, self.types)[1]
@@ -360,18 +367,18 @@ class EntryDecoder:
         """The rows of one entry (a list gives one per element, a block one per key)."""
         kind, decode = self.kind, self.decode
         if kind in _VALUE_KINDS:
-            exp, payload = self._split(raw)
-            yield self.grouping_key(k), None, decode(payload), exp
+            exp, value = self._split(raw)
+            yield self.grouping_key(k), None, value, exp
         elif kind == "list":
             key = self.grouping_key(k)
             for e in _elements(raw):
-                exp, payload = self._split(e)
-                yield key, None, decode(payload), exp
+                exp, value = self._split(e)
+                yield key, None, value, exp
         elif kind == "map":
             gk, part = split_composite(k)
-            exp, payload = self._split(raw)
+            exp, value = self._split(raw)
             assert self.key_decode is not None
-            yield self.grouping_key(gk), self.key_decode(part), decode(payload), exp
+            yield self.grouping_key(gk), self.key_decode(part), value, exp
         elif kind == "blocks":
             for gk, payload in sorted(decode_block(self.descriptor.name, k, raw).items()):
                 yield self.grouping_key(gk), None, decode(payload), None

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from ..errors import SchemaError, StateBackendError
+from ..errors import SchemaError, SchemaEvolutionError, StateBackendError
 from ..keycodec import encode_keys_with_groups
 from ..keygroups import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
@@ -77,13 +77,20 @@ class KeyedColumnState:
                 self._read, self._write, self._remove = (blocks.get_entries, blocks.put_entries,
                                                          blocks.delete_entries)
             self._state = st
+        except SchemaEvolutionError as exc:
+            if exc.field:  # a field's change: the message says what to do
+                raise
+            raise SchemaEvolutionError(
+                exc.state, exc.field, exc.change,
+                "map_in_pandas: the stored state was written with another value_blocks "
+                "setting; keep the one it was written with") from exc
         except SchemaError as exc:
             raise SchemaError(f"{exc} (map_in_pandas: the stored state was written with "
                               f"another state_schema or value_blocks setting; keep the "
                               f"one it was written with)") from exc
         self._fields = list(self._state.codec.schema.names)
         # Whole-column codec when every value field is numeric/boolean (else None).
-        self._fixed = fixed_columns(self._state.codec.schema)
+        self._fixed = fixed_columns(self._state.codec.schema, self._state.codec.tag)
 
     @property
     def value_columns(self) -> list[str]:

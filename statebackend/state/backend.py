@@ -41,7 +41,8 @@ from ..checkpoint.manifest import StateDescriptor
 from ..errors import OptionsError, SchemaError, StateError
 from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
 from .base import KeyedState
-from .codec import compile_codec
+from .codec import RowCodec, compile_codec
+from .evolution import Versions, descriptor_json, evolve
 from .layout import decode_ts, timer_by_time_key
 from .list import ListState
 from .map import MapState
@@ -58,7 +59,7 @@ from .timers import (
 from .ttl import TTL_CF, purge_expired, validate_ttl
 from .value import MAX_BLOCKS, BlockState, ValueState, is_block_count
 
-__all__ = ["KeyedStateBackend", "META_CF"]
+__all__ = ["KeyedStateBackend", "META_CF", "descriptor_json"]
 
 META_CF = "_meta"
 _STATE_PREFIX = b"state/"
@@ -221,7 +222,7 @@ class KeyedStateBackend:
                                                  validate_ttl(name, ttl_ms)))
         if existing is not None:
             return existing  # type: ignore[return-value]
-        st = ValueState(self, name, compile_codec(s, f"value state {name!r}"), ttl_ms)
+        st = ValueState(self, name, self._codec(name, s, f"value state {name!r}"), ttl_ms)
         self._states[name] = st
         return st
 
@@ -243,7 +244,7 @@ class KeyedStateBackend:
         existing = self._declare(StateDescriptor(name, "blocks", s.ddl(), None, None, blocks))
         if existing is not None:
             return existing  # type: ignore[return-value]
-        st = BlockState(self, name, compile_codec(s, f"block state {name!r}"), blocks)
+        st = BlockState(self, name, self._codec(name, s, f"block state {name!r}"), blocks)
         self._states[name] = st
         return st
 
@@ -254,7 +255,7 @@ class KeyedStateBackend:
                                                  validate_ttl(name, ttl_ms)))
         if existing is not None:
             return existing  # type: ignore[return-value]
-        st = ListState(self, name, compile_codec(s, f"list state {name!r}"), ttl_ms)
+        st = ListState(self, name, self._codec(name, s, f"list state {name!r}"), ttl_ms)
         self._states[name] = st
         return st
 
@@ -267,7 +268,7 @@ class KeyedStateBackend:
         if existing is not None:
             return existing  # type: ignore[return-value]
         st = MapState(self, name, compile_codec(ks, f"map state {name!r} user key"),
-                      compile_codec(vs, f"map state {name!r} value"), ttl_ms)
+                      self._codec(name, vs, f"map state {name!r} value"), ttl_ms)
         self._states[name] = st
         return st
 
@@ -281,7 +282,7 @@ class KeyedStateBackend:
         if existing is not None:
             existing.reduce_fn = reduce_fn  # type: ignore[attr-defined]
             return existing  # type: ignore[return-value]
-        st = ReducingState(self, name, compile_codec(s, f"reducing state {name!r}"),
+        st = ReducingState(self, name, self._codec(name, s, f"reducing state {name!r}"),
                            reduce_fn, ttl_ms)
         self._states[name] = st
         return st
@@ -296,7 +297,7 @@ class KeyedStateBackend:
         if existing is not None:
             existing.aggregate_fn = aggregate_fn  # type: ignore[attr-defined]
             return existing  # type: ignore[return-value]
-        st = AggregatingState(self, name, compile_codec(s, f"aggregating state {name!r}"),
+        st = AggregatingState(self, name, self._codec(name, s, f"aggregating state {name!r}"),
                               aggregate_fn, ttl_ms)
         self._states[name] = st
         return st
@@ -339,39 +340,44 @@ class KeyedStateBackend:
             raise StateError(f"state name {name[:40]!r}... is longer than 255 bytes")
 
     def _declare(self, desc: StateDescriptor) -> KeyedState | None:
-        """Check ``desc`` against what is declared or stored; the live state if any."""
+        """Check ``desc`` against what is declared or stored; the live state if any.
+
+        A stored state declared with another schema or TTL evolves (a new schema version,
+        see :mod:`.evolution`) when the change is compatible; an incompatible change
+        raises :class:`SchemaEvolutionError` before anything is written.
+        """
         self._check_open()
         self._check_name(desc.name)
         old = self._meta.get(desc.name)
-        if old is not None:
-            if (old.kind, old.value_schema, old.user_key_schema, old.blocks) != \
-                    (desc.kind, desc.value_schema, desc.user_key_schema, desc.blocks):
+        live = self._states.get(desc.name)
+        if live is not None:
+            assert old is not None
+            if (old.kind, old.value_schema, old.user_key_schema, old.blocks, old.ttl_ms) != \
+                    (desc.kind, desc.value_schema, desc.user_key_schema, desc.blocks,
+                     desc.ttl_ms):
                 raise SchemaError(
-                    f"state {desc.name!r} already exists as {self._describe(old)}; it cannot be "
-                    f"redeclared as {self._describe(desc)}. Use another name, or "
-                    f"delete_state({desc.name!r}) first (its data is lost)")
-            if (old.ttl_ms is None) != (desc.ttl_ms is None):
-                # A TTL state stores an expiry with every value: the bytes differ.
-                raise SchemaError(
-                    f"state {desc.name!r} was declared with ttl_ms={old.ttl_ms}; adding or "
-                    f"removing a TTL changes how its values are stored. Use another name, or "
-                    f"delete_state({desc.name!r}) first")
-            live = self._states.get(desc.name)
-            if live is not None:
-                if old.ttl_ms != desc.ttl_ms:
-                    raise SchemaError(f"state {desc.name!r} is already declared with "
-                                      f"ttl_ms={old.ttl_ms} in this task")
-                return live
-            if old == desc:
-                return None
+                    f"state {desc.name!r} is already declared as {self._describe(old)} "
+                    f"(ttl_ms={old.ttl_ms}) in this task; it cannot be redeclared as "
+                    f"{self._describe(desc)} (ttl_ms={desc.ttl_ms}) in the same task")
+            return live
+        desc = evolve(old, desc)
+        if old == desc:
+            return None
         self._meta[desc.name] = desc
-        self._meta_dirty[_STATE_PREFIX + desc.name.encode("utf-8")] = json.dumps(
-            {"name": desc.name, "kind": desc.kind, "value_schema": desc.value_schema,
-             "user_key_schema": desc.user_key_schema, "ttl_ms": desc.ttl_ms,
-             **({"blocks": desc.blocks} if desc.blocks is not None else {})},
-            sort_keys=True).encode("utf-8")
+        self._meta_dirty[_STATE_PREFIX + desc.name.encode("utf-8")] = descriptor_json(desc)
         self._note_write()
         return None
+
+    def _codec(self, name: str, schema: Any, label: str) -> RowCodec:
+        """The codec of the current version of declared state ``name``: rows tagged with
+        its schema id (TTL states get the id in front of the expiry instead)."""
+        d = self._meta[name]
+        tag = d.schema_id if d.ttl_ms is None else None
+        return compile_codec(schema, label, tag)
+
+    def versions(self, name: str) -> Versions:
+        """The schema versions of stored state ``name`` (to read values of any version)."""
+        return Versions(self._meta[name])
 
     @staticmethod
     def _describe(d: StateDescriptor) -> str:
@@ -413,7 +419,7 @@ class KeyedStateBackend:
                 dirty, clean = st._dirty, st._clean
                 missing = [k for k in keys if k not in dirty and k not in clean]
                 if missing:
-                    clean.update(zip(missing, self._instance.multi_get(st.name, missing)))
+                    clean.update(zip(missing, st._cf.get(missing)))
 
     def flush(self) -> None:
         """Write every cached change in one WriteBatch."""

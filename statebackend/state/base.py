@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import struct
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import StateError
+from .evolution import TAG_EXPIRY, Versions
 from .layout import ttl_index_key
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ class KeyedState:
     """
 
     kind: ClassVar[str] = ""
+    #: Whether each stored value is a list of elements (each with its own schema id).
+    _elements: ClassVar[bool] = False
 
     def __init__(self, backend: KeyedStateBackend, name: str, ttl_ms: int | None) -> None:
         self._backend = backend
@@ -53,6 +57,20 @@ class KeyedState:
         self._name_b = name.encode("utf-8")
         self.ttl_ms = ttl_ms
         self._cf, self._dirty, self._clean = backend._bind(name)
+        d = backend._meta[name]
+        # Where a TTL value's expiry and payload start: after the u16 schema id, except
+        # in states stored before schema versions (no id).
+        self._xo, self._po = (2, 10) if d.schema_id is not None else (0, 8)
+        #: ``expiry -> prefix`` of a TTL value (schema id and expiry).
+        self._stamp = (partial(TAG_EXPIRY.pack, d.schema_id) if d.schema_id is not None
+                       else EXPIRY.pack)
+        #: Set when the state has earlier schema versions: reads return every value in
+        #: the current layout (values of other versions are converted as they are read).
+        self._versions: Versions | None = None
+        if d.history:
+            self._versions = Versions(d)
+            if self.kind != "blocks":
+                self._cf = self._versions.view(self._cf, self._elements)
 
     # --- plumbing shared by subclasses ---------------------------------------------------
 
@@ -61,9 +79,9 @@ class KeyedState:
         or expired (value-like states and map entries store ``expiry + payload`` under TTL)."""
         if raw is None or self.ttl_ms is None:
             return raw
-        if EXPIRY.unpack_from(raw)[0] <= self._backend._clock():
+        if EXPIRY.unpack_from(raw, self._xo)[0] <= self._backend._clock():
             return None
-        return raw[8:]
+        return raw[self._po:]
 
     def _key(self) -> bytes:
         key = self._backend._current_key

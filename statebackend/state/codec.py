@@ -390,6 +390,12 @@ class RowCodec:
         The declared schema.
     label : str
         How errors name the owner, e.g. ``"state 'count'"`` or ``"map 'm' user key"``.
+    tag : int, optional
+        A schema id (u16) that :attr:`encode` writes as the row's first two bytes
+        (little-endian) and :attr:`decode` skips, inside the same ``struct`` call as the
+        null bitmap, so a tagged row costs no more to encode or decode than an untagged
+        one. Stored state values carry it (see :mod:`.evolution`); nested structs and
+        map user keys do not.
 
     Attributes
     ----------
@@ -399,9 +405,12 @@ class RowCodec:
         ``bytes -> tuple``.
     """
 
-    def __init__(self, schema: Schema, label: str) -> None:
+    def __init__(self, schema: Schema, label: str, tag: int | None = None) -> None:
+        if tag is not None and not 0 <= tag <= 0xFFFF:
+            raise ValueError(f"a schema tag is a u16, got {tag!r}")
         self.schema = schema
         self.label = label
+        self.tag = tag
         self._field_checks = [self._field_check(i) for i in range(len(schema))]
         self.encode: Callable[[Any], bytes]
         self.decode: Callable[[bytes], tuple[Any, ...]]
@@ -466,11 +475,14 @@ class RowCodec:
         bitmap_fmt = _BITMAP.get(nb)
         fixed_idx = [i for i, f in enumerate(fields) if f.type.name in _FIXED]
         var_idx = [i for i, f in enumerate(fields) if f.type.name not in _FIXED]
-        fmt = "<" + (bitmap_fmt or f"{nb}s") + "".join(_FIXED[fields[i].type.name]
-                                                        for i in fixed_idx)
-        st = struct.Struct(fmt)
+        fmt = (bitmap_fmt or f"{nb}s") + "".join(_FIXED[fields[i].type.name]
+                                                  for i in fixed_idx)
+        tagged = self.tag is not None
+        # The tag is packed with the bitmap and skipped as padding when unpacking.
+        st = struct.Struct(("<H" if tagged else "<") + fmt)
+        ust = struct.Struct(("<2x" if tagged else "<") + fmt)
         ns: dict[str, Any] = {
-            "_pack": st.pack, "_unpack_from": st.unpack_from, "_FIXED_SIZE": st.size,
+            "_pack": st.pack, "_unpack_from": ust.unpack_from, "_FIXED_SIZE": st.size,
             "_VL": _VL, "_varint": encode_varint, "_read_varint": decode_varint,
             "_Bad": _Bad, "_struct_error": struct.error, "_self": self,
             "_to_bool": _to_bool, "_to_days": _to_days, "_to_micros": _to_micros,
@@ -502,7 +514,7 @@ class RowCodec:
         bits_expr = "bits" if bitmap_fmt else f"bits.to_bytes({nb}, 'little')"
         fixed_args = "".join(f", a{i}" for i in fixed_idx)
         enc += ["    try:",
-                f"        out = _pack({bits_expr}{fixed_args})",
+                f"        out = _pack({f'{self.tag}, ' if tagged else ''}{bits_expr}{fixed_args})",
                 "    except (_struct_error, TypeError, OverflowError) as exc:",
                 "        raise _self._diagnose(v, exc) from None"]
         for i in var_idx:
@@ -599,9 +611,10 @@ class RowCodec:
                 f"    raise _self._error({i}, str(exc)) from None"]
 
 
-def compile_codec(schema: Schema, label: str) -> RowCodec:
-    """Compile the codec of ``schema``; errors will name ``label``."""
-    return RowCodec(schema, label)
+def compile_codec(schema: Schema, label: str, tag: int | None = None) -> RowCodec:
+    """Compile the codec of ``schema``; errors will name ``label``; ``tag``: see
+    :class:`RowCodec`."""
+    return RowCodec(schema, label, tag)
 
 
 # --- whole columns of all-fixed-width rows (numpy) ----------------------------------------
@@ -627,14 +640,16 @@ class FixedColumns:
         A schema for which :func:`fixed_columns` returned this object.
     """
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, tag: int | None = None) -> None:
         fields = schema.fields
         nb = (len(fields) + 7) // 8
         self.schema = schema
+        self.tag = tag
         self.names = list(schema.names)
         self.types = [f.type.name for f in fields]
         self.nullable = [f.nullable for f in fields]
-        self.dtype = np.dtype([("__bits", _NUMPY_BITMAP[nb])] + [
+        self.dtype = np.dtype(([("__tag", "<u2")] if tag is not None else []) + [
+            ("__bits", _NUMPY_BITMAP[nb])] + [
             (f"f{i}", _NUMPY_FIXED[t]) for i, t in enumerate(self.types)])
         self.size = self.dtype.itemsize
 
@@ -666,6 +681,8 @@ class FixedColumns:
                 if n and (int(arr.min()) < info.min or int(arr.max()) > info.max):
                     return None
             rec[f"f{i}"] = arr
+        if self.tag is not None:
+            rec["__tag"] = self.tag
         return split_fixed(rec.tobytes(), self.size)
 
     def decode(self, payloads: list[bytes | None]) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -687,6 +704,8 @@ class FixedColumns:
             return None
         buf = b"".join(live)
         rec = np.frombuffer(buf, dtype=self.dtype)
+        if self.tag is not None and len(rec) and not (rec["__tag"] == self.tag).all():
+            return None  # rows of another schema version: the row path reads them
         bits = rec["__bits"].astype(np.uint64)
         out = []
         for i in range(len(self.types)):
@@ -699,11 +718,12 @@ class FixedColumns:
         return out
 
 
-def fixed_columns(schema: Schema) -> FixedColumns | None:
-    """The whole-column codec of ``schema``, or None unless all its fields are numeric or
-    boolean (and there are at most 64 of them)."""
+def fixed_columns(schema: Schema, tag: int | None = None) -> FixedColumns | None:
+    """The whole-column codec of ``schema`` (rows tagged with ``tag``, as
+    :class:`RowCodec`), or None unless all its fields are numeric or boolean (and there
+    are at most 64 of them)."""
     nb = (len(schema.fields) + 7) // 8
     if not schema.fields or nb not in _NUMPY_BITMAP or any(
             f.type.name not in _NUMPY_FIXED for f in schema.fields):
         return None
-    return FixedColumns(schema)
+    return FixedColumns(schema, tag)

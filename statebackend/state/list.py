@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ListState"]
 
-_pack_exp = EXPIRY.pack
 _unpack_exp = EXPIRY.unpack_from
 
 
@@ -39,6 +38,7 @@ class ListState(KeyedState):
     """A list of tuples per grouping key."""
 
     kind = "list"
+    _elements = True
 
     def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
                  ttl_ms: int | None) -> None:
@@ -52,8 +52,8 @@ class ListState(KeyedState):
             return False
         if self.ttl_ms is None:
             return True
-        now = self._backend._clock()
-        return any(_unpack_exp(e)[0] > now for e in _elements(raw))
+        now, xo = self._backend._clock(), self._xo
+        return any(_unpack_exp(e, xo)[0] > now for e in _elements(raw))
 
     def get(self) -> Iterator[tuple[Any, ...]]:
         """An iterator over the current key's elements, in insertion order.
@@ -66,8 +66,8 @@ class ListState(KeyedState):
         decode = self.codec.decode
         if self.ttl_ms is None:
             return iter([decode(e) for e in _elements(raw)])
-        now = self._backend._clock()
-        return iter([decode(e[8:]) for e in _elements(raw) if _unpack_exp(e)[0] > now])
+        now, xo, po = self._backend._clock(), self._xo, self._po
+        return iter([decode(e[po:]) for e in _elements(raw) if _unpack_exp(e, xo)[0] > now])
 
     def put(self, new_state: Iterable[Any]) -> None:
         """Replace the current key's list (every element's TTL restarts).
@@ -117,7 +117,7 @@ class ListState(KeyedState):
         prefix = b""
         if self.ttl_ms is not None:
             expiry = self._backend._clock() + self.ttl_ms
-            prefix = _pack_exp(expiry)
+            prefix = self._stamp(expiry)
         for v in values:
             e = prefix + encode(v)
             parts.append(encode_varint(len(e)))
@@ -136,8 +136,9 @@ class ListState(KeyedState):
             return 0
         kept: list[bytes] = []
         dropped = 0
+        xo = self._xo
         for e in _elements(raw):
-            if _unpack_exp(e)[0] <= now:
+            if _unpack_exp(e, xo)[0] <= now:
                 dropped += 1
             else:
                 kept.append(encode_varint(len(e)))

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MapState"]
 
-_pack_exp = EXPIRY.pack
 _unpack_exp = EXPIRY.unpack_from
 
 
@@ -57,7 +56,7 @@ class MapState(KeyedState):
         raw = self.value_codec.encode(value)
         if self.ttl_ms is not None:
             expiry = self._backend._clock() + self.ttl_ms
-            raw = _pack_exp(expiry) + raw
+            raw = self._stamp(expiry) + raw
             self._index_ttl(rk, expiry)
         self._set(rk, raw)
 
@@ -109,6 +108,9 @@ class MapState(KeyedState):
         merged: dict[bytes, bytes | None] = {
             k: v for k, v in self._backend._instance.scan_prefix(self.name, gk)
             if k.endswith(suffix)}  # a longer grouping key's entries end differently
+        if self._versions is not None:
+            normalize = self._versions.normalize
+            merged = {k: normalize(v) for k, v in merged.items()}
         dirty = self._dirty
         for k in self._groups.get(gk, ()):
             merged[k] = dirty[k]
@@ -121,19 +123,20 @@ class MapState(KeyedState):
         """Live ``(RocksDB key, value payload)`` pairs of the current key, in key order."""
         merged = self._merged()
         now = self._backend._clock() if self.ttl_ms is not None else 0
+        xo, po = self._xo, self._po
         for k in sorted(merged):
             v = merged[k]
             if v is None:
                 continue
             if self.ttl_ms is not None:
-                if _unpack_exp(v)[0] <= now:
+                if _unpack_exp(v, xo)[0] <= now:
                     continue
-                v = v[8:]
+                v = v[po:]
             yield k, v
 
     def _purge(self, key: bytes, now: int) -> int:
         raw = self._read(key)
-        if raw is not None and _unpack_exp(raw)[0] <= now:
+        if raw is not None and _unpack_exp(raw, self._xo)[0] <= now:
             # The tombstone must be indexed under its grouping key for merged scans.
             gk = key[:int.from_bytes(key[-4:], "big")]
             self._groups.setdefault(gk, set()).add(key)

@@ -94,18 +94,30 @@ class DataType:
 
 @dataclass(frozen=True)
 class Field:
-    """A named field of a schema."""
+    """A named field of a schema.
+
+    ``default`` is the SQL literal of the field's DDL ``DEFAULT`` clause (or of a
+    StructField's ``EXISTS_DEFAULT`` metadata), canonical text; values stored before the
+    field was added read as it (see :mod:`.evolution`).
+    """
 
     name: str
     type: DataType
     nullable: bool = True
+    default: str | None = None
 
     def ddl(self, colon: bool = False) -> str:
-        """``name TYPE [NOT NULL]``; ``name: TYPE`` inside a struct type (``colon``)."""
+        """``name TYPE [NOT NULL] [DEFAULT literal]``; ``name: TYPE`` inside a struct type
+        (``colon``)."""
         name = self.name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name) else \
             "`" + self.name.replace("`", "``") + "`"
         sep = ": " if colon else " "
-        return f"{name}{sep}{self.type.ddl()}" + ("" if self.nullable else " NOT NULL")
+        return (f"{name}{sep}{self.type.ddl()}" + ("" if self.nullable else " NOT NULL")
+                + ("" if self.default is None else f" DEFAULT {self.default}"))
+
+    def default_value(self) -> Any:
+        """The Python value of :attr:`default` (None without one)."""
+        return None if self.default is None else literal_value(self.default, self.type)
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,7 @@ _TOKEN = re.compile(r"""
     \s*(?:
       (?P<quoted>`(?:``|[^`])*`)
     | (?P<string>'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")
-    | (?P<number>\d+)
+    | (?P<number>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
     | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
     | (?P<punct>[<>(),:])
     )""", re.VERBOSE)
@@ -210,11 +222,15 @@ class _Parser:
         if self.accept("not"):
             self.expect("null")
             nullable = False
+        default = None
+        if self.accept("default"):
+            kind, v = self.next("a default value")
+            default = _canonical_literal(kind, v, dtype, self.text)
         if self.accept("comment"):
             kind, _ = self.next("a comment string")
             if kind != "string":
                 raise SchemaError(f"cannot parse schema {self.text!r}: COMMENT needs a quoted string")
-        return Field(name, dtype, nullable)
+        return Field(name, dtype, nullable, default)
 
     def type(self) -> DataType:
         kind, v = self.next("a type")
@@ -256,6 +272,55 @@ class _Parser:
             self.next("a length")
             self.expect(")")
         return DataType(canon)
+
+
+_NUMERIC = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double", "decimal"})
+
+
+def _canonical_literal(kind: str, v: str, t: DataType, text: str) -> str | None:
+    """The canonical text of a DEFAULT literal for type ``t`` (checked by converting it)."""
+    if kind == "ident" and v.lower() == "null":
+        return None
+    if kind == "string":
+        body = v[1:-1].replace("\\'", "'").replace('\\"', '"')
+        lit = "'" + body.replace("'", "\\'") + "'"
+    elif kind in ("number", "ident"):
+        lit = v.lower()
+    else:
+        raise SchemaError(f"cannot parse schema {text!r}: DEFAULT needs a literal, got {v!r}")
+    literal_value(lit, t)
+    return lit
+
+
+def literal_value(lit: str, t: DataType) -> Any:
+    """The Python value of a canonical DEFAULT literal for type ``t``.
+
+    Raises
+    ------
+    SchemaError
+        When the literal is not one of the type (numbers for numeric types, true/false for
+        boolean, a quoted string for string and binary).
+    """
+    import decimal
+
+    try:
+        if lit.startswith("'"):
+            if t.name not in ("string", "binary"):
+                raise ValueError
+            body = lit[1:-1].replace("\\'", "'")
+            return body if t.name == "string" else body.encode("utf-8")
+        if t.name == "boolean" and lit in ("true", "false"):
+            return lit == "true"
+        if t.name in ("tinyint", "smallint", "int", "bigint"):
+            return int(lit)
+        if t.name in ("float", "double"):
+            return float(lit)
+        if t.name == "decimal":
+            return decimal.Decimal(lit)
+        raise ValueError
+    except ValueError:
+        raise SchemaError(f"DEFAULT {lit} is not a value of type {t.ddl()}; defaults are "
+                          f"numbers, true/false or quoted strings of the field's type") from None
 
 
 def parse_type(text: str) -> DataType:
@@ -310,9 +375,20 @@ def _from_spark_type(dt: Any, where: str) -> DataType:
         raise SchemaError(f"{where}: {exc}") from None
 
 
+def _spark_field(f: Any, where: str) -> Field:
+    dtype = _from_spark_type(f.dataType, f"{where} field {f.name!r}")
+    meta = getattr(f, "metadata", None) or {}
+    text = meta.get("EXISTS_DEFAULT") or meta.get("CURRENT_DEFAULT")
+    default = None
+    if isinstance(text, str) and text.strip():
+        p = _Parser(text)
+        kind, v = p.next("a default value")
+        default = _canonical_literal(kind, v, dtype, text)
+    return Field(f.name, dtype, bool(f.nullable), default)
+
+
 def _fields_of(struct: Any, where: str) -> tuple[Field, ...]:
-    fields = tuple(Field(f.name, _from_spark_type(f.dataType, f"{where} field {f.name!r}"),
-                         bool(f.nullable)) for f in struct.fields)
+    fields = tuple(_spark_field(f, where) for f in struct.fields)
     Schema(fields)
     return fields
 

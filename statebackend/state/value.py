@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 __all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique",
            "is_block_count"]
 
-_pack_exp = EXPIRY.pack
 _unpack_exp = EXPIRY.unpack_from
 
 
@@ -79,7 +78,7 @@ class ValueState(KeyedState):
         raw = self._encode(new_value)
         if self.ttl_ms is not None:
             expiry = self._backend._clock() + self.ttl_ms
-            raw = _pack_exp(expiry) + raw
+            raw = self._stamp(expiry) + raw
             self._index_ttl(key, expiry)
         self._dirty[key] = raw
         b = self._backend
@@ -128,7 +127,8 @@ class ValueState(KeyedState):
     def _unexpired(self, raws: list[bytes | None]) -> list[bytes | None]:
         """Stored entries without their expiry prefix; None for absent or expired ones."""
         now = self._backend._clock()
-        return [None if r is None or _unpack_exp(r)[0] <= now else r[8:] for r in raws]
+        xo, po = self._xo, self._po
+        return [None if r is None or _unpack_exp(r, xo)[0] <= now else r[po:] for r in raws]
 
     def put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None:
         """Set ``keys[i]`` to ``values[i]`` (independent of the current key)."""
@@ -147,7 +147,7 @@ class ValueState(KeyedState):
         dirty = self._dirty
         if self.ttl_ms is not None:
             expiry = self._backend._clock() + self.ttl_ms
-            prefix = _pack_exp(expiry)
+            prefix = self._stamp(expiry)
             payloads = [prefix + e for e in payloads]
             for k in keys:
                 self._index_ttl(k, expiry)
@@ -179,7 +179,7 @@ class ValueState(KeyedState):
     def _purge(self, key: bytes, now: int) -> int:
         """TTL purge of one entry: 1 when it was expired and removed."""
         raw = self._read(key)
-        if raw is not None and _unpack_exp(raw)[0] <= now:
+        if raw is not None and _unpack_exp(raw, self._xo)[0] <= now:
             self._write(key, None)
             return 1
         return 0
@@ -285,9 +285,12 @@ class BlockState(ValueState):
         """Encoded values of grouping ``keys`` (None when absent), in order."""
         block_keys, blobs, slots = self._blocks_of(keys)
         try:
-            return _kernels.blocks_get(blobs, slots, keys)
+            out = _kernels.blocks_get(blobs, slots, keys)
         except ValueError as exc:
             raise self._corrupt(block_keys, blobs, exc) from exc
+        if self._versions is not None:  # entries of earlier schema versions, converted
+            out = list(map(self._versions.normalize, out))
+        return out
 
     def put_entries(self, keys: list[bytes], payloads: Sequence[bytes | None]) -> None:
         """Set ``keys[i]`` to ``payloads[i]`` (None removes it; the last of equal keys

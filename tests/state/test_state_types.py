@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from statebackend.errors import OptionsError, SchemaError, StateError
+from statebackend.errors import OptionsError, SchemaError, SchemaEvolutionError, StateError
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.state import KeyedStateBackend
 
@@ -283,7 +283,7 @@ def test_redeclaration_rules_and_descriptors(env: Env) -> None:
     b = env.backend
     v = b.value_state("s", "x INT", ttl_ms=100)
     assert b.value_state("s", "x INT", ttl_ms=100) is v
-    with pytest.raises(SchemaError, match="already exists as value"):
+    with pytest.raises(SchemaError, match="already declared as value"):
         b.list_state("s", "x INT")
     with pytest.raises(SchemaError, match="cannot be redeclared"):
         b.value_state("s", "x BIGINT", ttl_ms=100)
@@ -297,11 +297,11 @@ def test_redeclaration_rules_and_descriptors(env: Env) -> None:
              for d in b.descriptors()]
     assert names == [("m", "map", "v STRING", "k INT", None), ("s", "value", "x INT", None, 100),
                      ("_timers", "timers", None, None, None)]
-    with pytest.raises(SchemaError, match="cannot be redeclared"):
-        b.value_state("s", "y INT", ttl_ms=100)  # checked against the stored metadata
-    with pytest.raises(SchemaError, match="ttl_ms"):
-        b.value_state("s", "x INT")  # removing a TTL changes the stored bytes
-    b.value_state("s", "x INT", ttl_ms=500)  # changing a TTL is fine
+    with pytest.raises(SchemaEvolutionError, match="narrowing INT to SMALLINT"):
+        b.value_state("s", "x SMALLINT", ttl_ms=100)  # checked against the stored metadata
+    with pytest.raises(SchemaEvolutionError, match="kind from value to list"):
+        b.list_state("s", "x INT")
+    b.value_state("s", "x INT", ttl_ms=500)  # changing a TTL is fine (see test_evolution)
     assert [d.ttl_ms for d in env.reopen().descriptors() if d.name == "s"] == [500]
 
 
