@@ -504,12 +504,17 @@ class RocksDBStateBackend:
         from pyspark.sql.types import StringType, StructField
 
         from .spark.listener import observation_name
-        from .spark.progress import METRICS_COL, PROGRESS_KEY, observed_columns
+        from .spark.progress import (
+            METRICS_COL,
+            PROGRESS_KEY,
+            metrics_row_values,
+            observed_columns,
+        )
 
         # Each task adds one row holding its metrics in a hidden column (spark.progress);
         # the observation sums and maxes them, then only the user's rows and columns go on.
         struct = _struct(df.sparkSession, schema)
-        config = replace(config, extra={**config.extra, PROGRESS_KEY: struct.fieldNames()})
+        config = replace(config, extra={**config.extra, PROGRESS_KEY: metrics_row_values(struct)})
         carrier = StructType([*struct.fields, StructField(METRICS_COL, StringType(), True)])
         out = placed.mapInPandas(make_task(config, process), carrier)
         # progress events carry it: the listener knows which query committed which

@@ -4,7 +4,7 @@
 How they travel. A streaming operator's ``mapInPandas`` has one more output column,
 :data:`METRICS_COL` (a JSON string): null on every row of the user's output, and each
 task, after publishing its checkpoint, yields one more row whose user columns are null
-and whose :data:`METRICS_COL` holds what the task measured (:func:`task_metrics_frame`).
+(a placeholder where the schema says NOT NULL) and whose :data:`METRICS_COL` holds what the task measured (:func:`task_metrics_frame`).
 The plan then observes, under the operator's observation name (the name the listener
 matches progress events with), the output rows and every metric summed or maxed over
 those rows (:func:`observed_columns`), keeps only the user's rows and drops the column,
@@ -27,14 +27,53 @@ import pandas as pd
 
 from ..metrics import BLOCK_CACHE_HIT_RATE, PROGRESS_METRICS
 
-__all__ = ["METRICS_COL", "observed_columns", "progress_metrics", "task_metrics_frame",
-           "with_metrics_column"]
+__all__ = ["METRICS_COL", "PROGRESS_KEY", "metrics_row_values", "observed_columns",
+           "placeholder", "progress_metrics", "task_metrics_frame", "with_metrics_column"]
 
 #: The hidden column carrying each task's metrics from the task to the observation.
 METRICS_COL = "__sb_metrics"
-#: The key of ``OperatorConfig.extra`` telling a task to report its metrics: the names of
-#: the operator's output columns (those of its metrics row).
+#: The key of ``OperatorConfig.extra`` telling a task to report its metrics: the user
+#: columns of its metrics row, name -> value (:func:`metrics_row_values`).
 PROGRESS_KEY = "progress_columns"
+
+
+def metrics_row_values(schema: Any) -> dict[str, Any]:
+    """The user columns' values in a task's metrics row: null, except a value of the
+    column's type where the schema declares it NOT NULL (Spark's row writer trusts the
+    declaration; the row never reaches the user, who keeps the declared schema)."""
+    return {f.name: None if f.nullable else placeholder(f.dataType) for f in schema.fields}
+
+
+def placeholder(dt: Any) -> Any:
+    """A value of Spark type ``dt`` (its zero; nested NOT NULL fields filled the same way)."""
+    import datetime
+    import decimal
+
+    from pyspark.sql import types as T
+
+    if isinstance(dt, T.StructType):
+        return {f.name: None if f.nullable else placeholder(f.dataType) for f in dt.fields}
+    if isinstance(dt, T.ArrayType):
+        return []
+    if isinstance(dt, T.MapType):
+        return {}
+    if isinstance(dt, T.StringType | T.VarcharType | T.CharType):
+        return ""
+    if isinstance(dt, T.BinaryType):
+        return b""
+    if isinstance(dt, T.BooleanType):
+        return False
+    if isinstance(dt, T.DecimalType):
+        return decimal.Decimal(0)
+    if isinstance(dt, T.TimestampType | T.TimestampNTZType):
+        return datetime.datetime(1970, 1, 1)
+    if isinstance(dt, T.DateType):
+        return datetime.date(1970, 1, 1)
+    if isinstance(dt, T.DayTimeIntervalType):
+        return datetime.timedelta(0)
+    if isinstance(dt, T.NumericType):
+        return 0
+    return None
 
 
 def observed_columns() -> list[Any]:
@@ -65,9 +104,11 @@ def with_metrics_column(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def task_metrics_frame(columns: list[str], values: Mapping[str, int | float]) -> pd.DataFrame:
-    """The one row a task adds to its output: null user columns, its metrics as JSON."""
-    data: dict[str, list[Any]] = {c: [None] for c in columns}
+def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | float]
+                       ) -> pd.DataFrame:
+    """The one row a task adds to its output: the user columns as ``columns`` gives them
+    (:func:`metrics_row_values`), its metrics as JSON."""
+    data: dict[str, list[Any]] = {c: [v] for c, v in columns.items()}
     data[METRICS_COL] = [json.dumps(dict(values), separators=(",", ":"))]
     return pd.DataFrame(data, columns=[*columns, METRICS_COL])
 
