@@ -481,7 +481,10 @@ def write_metrics(store: DurableStore, s: CheckpointStats) -> str:
     """
     from .storage.manifests import operator_store
 
-    lines = [json.dumps({"kind": "checkpoint", **s.to_dict(partitions=False)}, sort_keys=True)]
+    # progress is derived from the partition lines: read_metrics computes it again
+    head = s.to_dict(partitions=False)
+    head.pop("progress", None)
+    lines = [json.dumps({"kind": "checkpoint", **head}, sort_keys=True)]
     for p in s.partitions:
         lines.append(json.dumps({"kind": "partition", "operator_id": s.operator_id,
                                  "checkpoint_id": s.checkpoint_id, **asdict(p)},
@@ -563,5 +566,20 @@ def read_metrics(store: DurableStore, operator_id: str, *, partitions: bool = Fa
         except (FileNotFoundError, ValueError) as exc:
             log.warning("skipping unreadable metrics file %s: %s", rel, exc)
             continue
+        _add_progress(lines)
         out.extend(x for x in lines if partitions or x.get("kind") == "checkpoint")
     return out
+
+
+def _add_progress(lines: list[dict[str, Any]]) -> None:
+    # the checkpoint line's "progress": the fold of its partition lines (not stored twice)
+    names = PartitionStats.__dataclass_fields__
+    try:
+        parts = [PartitionStats(**{k: v for k, v in x.items() if k in names})
+                 for x in lines if x.get("kind") == "partition"]
+    except TypeError:  # a line of an older version without some field: no progress
+        return
+    progress = combine_progress(partition_progress(p) for p in parts)
+    for x in lines:
+        if x.get("kind") == "checkpoint":
+            x["progress"] = progress
