@@ -5,6 +5,8 @@ and equal to what ``statebackend metrics`` recorded for the same checkpoint."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import threading
 import time
 
@@ -159,3 +161,88 @@ def test_map_in_pandas_reports_and_keeps_its_columns(spark, tmp_path):
         p = be.checkpoint_metrics("vec", b).progress
         assert p["partitions"] == 3 and p["input_rows"] == len(data[b])
         assert p["bytes_uploaded"] > 0
+
+
+def test_observation_folds_partitions_as_combine_progress(spark):
+    # the Spark aggregation and the pure fold agree on the same partitions' rows, with the
+    # user's rows (metrics null) in between, which only `rows` counts
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from statebackend.metrics import combine_progress
+    from statebackend.spark.progress import observed_columns, task_metrics_frame
+
+    parts = [
+        {"partitions": 1, "input_rows": 10, "sync_ms": 2.5, "sync_ms_max": 2.5,
+         "rocksdb_l0_files_max": 3, "rocksdb_block_cache_hits": 6,
+         "rocksdb_block_cache_misses": 2, "restore_empty": 1, "restore_durable": 0},
+        {"partitions": 1, "input_rows": 7, "sync_ms": 4.0, "sync_ms_max": 4.0,
+         "rocksdb_l0_files_max": 1, "rocksdb_block_cache_hits": 0,
+         "rocksdb_block_cache_misses": 4, "restore_empty": 0, "restore_durable": 1},
+    ]
+    user = pd.DataFrame({"k": ["a", "b", "c"], "v": [1, 2, 3], METRICS_COL: [None] * 3})
+    pdf = pd.concat([user, *(task_metrics_frame({"k": None, "v": None}, p) for p in parts)],
+                    ignore_index=True)
+    df = spark.createDataFrame(pdf, f"k STRING, v BIGINT, {METRICS_COL} STRING")
+    obs = Observation("progress-unit")
+    rest = (df.observe(obs, *observed_columns()).filter(F.col(METRICS_COL).isNull())
+            .drop(METRICS_COL).collect())
+    assert sorted(r["k"] for r in rest) == ["a", "b", "c"]
+    got = obs.get
+    want = combine_progress(parts)
+    assert got["rows"] == 3
+    assert {k: got[k] for k in want} == pytest.approx(want)
+    assert got["sync_ms"] == 6.5 and got["sync_ms_max"] == 4.0
+    assert got["rocksdb_l0_files_max"] == 3 and got["rocksdb_block_cache_hit_rate"] == 0.5
+    # a metric no partition measured is null, as combine_progress leaves it out
+    assert got["state_rows"] is None and "state_rows" not in want
+
+
+def test_metrics_row_crosses_arrow_with_null_user_columns_of_any_type(spark):
+    # the task's metrics row has every user column null: nested, timestamp and NOT NULL
+    # columns included, and only the user's rows come out
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from statebackend.spark.progress import (
+        metrics_row_values,
+        observed_columns,
+        task_metrics_frame,
+        with_metrics_column,
+    )
+
+    user = StructType.fromDDL("k STRING NOT NULL, n BIGINT NOT NULL, ts TIMESTAMP, "
+                              "s STRUCT<a: INT, b: ARRAY<STRING>>, m MAP<STRING, DOUBLE>, "
+                              "l ARRAY<BIGINT>, t2 TIMESTAMP NOT NULL, "
+                              "st STRUCT<a: INT NOT NULL, b: STRING> NOT NULL, "
+                              "ar ARRAY<INT> NOT NULL, d DECIMAL(10,2) NOT NULL, "
+                              "dt DATE NOT NULL, bo BOOLEAN NOT NULL, bi BINARY NOT NULL")
+    carrier = StructType([*user.fields, StructField(METRICS_COL, StringType(), True)])
+    cols = user.fieldNames()
+    row = metrics_row_values(user)
+    assert {c: row[c] for c in ("k", "n", "ts", "s", "st", "ar")} == {
+        "k": "", "n": 0, "ts": None, "s": None, "st": {"a": 0, "b": None}, "ar": []}
+
+    def task(frames):
+        for _ in frames:
+            pass
+        yield with_metrics_column(pd.DataFrame({
+            "k": ["x"], "n": [1], "ts": [pd.Timestamp("2024-01-01")],
+            "s": [{"a": 1, "b": ["p"]}], "m": [{"q": 1.5}], "l": [[1, 2]],
+            "t2": [pd.Timestamp("2024-01-02")], "st": [{"a": 2, "b": "z"}], "ar": [[3]],
+            "d": [decimal.Decimal("1.25")], "dt": [datetime.date(2024, 1, 3)], "bo": [True],
+            "bi": [b"\x01"]}))
+        yield task_metrics_frame(row, {"partitions": 1, "input_rows": 1})
+
+    df = spark.range(2).repartition(2).mapInPandas(task, carrier)
+    obs = Observation("arrow-null-unit")
+    out = (df.observe(obs, *observed_columns()).filter(F.col(METRICS_COL).isNull())
+           .drop(METRICS_COL))
+    assert out.columns == cols
+    rows = out.collect()
+    assert [(r["k"], r["n"], r["s"]["b"], r["m"], r["l"], r["st"]["b"], r["d"], r["bi"])
+            for r in rows] == [("x", 1, ["p"], {"q": 1.5}, [1, 2], "z", decimal.Decimal("1.25"),
+                                bytearray(b"\x01"))] * 2
+    assert out.schema == user  # names, types and NOT NULL as declared
+    assert obs.get["partitions"] == 2 and obs.get["rows"] == 2
