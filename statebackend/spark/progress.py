@@ -6,15 +6,15 @@ How they travel. A streaming operator's ``mapInPandas`` has one more output colu
 task, after publishing its checkpoint, yields one more row whose user columns are null
 (a placeholder where the schema says NOT NULL) and whose :data:`METRICS_COL` holds what the task measured (:func:`task_metrics_frame`).
 The plan then observes, under the operator's observation name (the name the listener
-matches progress events with), the output rows and every metric summed or maxed over
-those rows (:func:`observed_columns`), keeps only the user's rows and drops the column,
-so the user's DataFrame has exactly the columns it declared. Spark aggregates the
-observation over the micro-batch's tasks and reports it in the batch's
-``StreamingQueryProgress.observedMetrics``: ``query.lastProgress`` and every
-``StreamingQueryListener.onQueryProgress`` see it.
+matches progress events with), the output rows and the metrics rows collected
+(:func:`observed_columns`), keeps only the user's rows and drops the column, so the user's
+DataFrame has exactly the columns it declared. Spark reports the observation in the
+batch's ``StreamingQueryProgress.observedMetrics``: ``query.lastProgress`` and every
+``StreamingQueryListener.onQueryProgress`` see it, and :func:`progress_metrics` sums and
+maxes the tasks' rows into the named metrics.
 
 The cost: one null string per output row through Arrow and the JVM, one small row per
-task, and one aggregation over the output rows that Spark already ran for the row count.
+task, and a second aggregate beside the row count Spark already ran.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..metrics import BLOCK_CACHE_HIT_RATE, PROGRESS_METRICS
-
-__all__ = ["METRICS_COL", "PROGRESS_KEY", "metrics_row_values", "observed_columns",
-           "placeholder", "progress_metrics", "task_metrics_frame", "with_metrics_column"]
+__all__ = ["METRICS_COL", "PROGRESS_KEY", "TASK_METRICS", "metrics_row_values",
+           "observed_columns", "placeholder", "progress_metrics", "task_metrics_frame",
+           "with_metrics_column"]
 
 #: The hidden column carrying each task's metrics from the task to the observation.
 METRICS_COL = "__sb_metrics"
@@ -76,24 +75,24 @@ def placeholder(dt: Any) -> Any:
     return None
 
 
+#: The observation's field holding the tasks' metrics: one JSON object per task.
+TASK_METRICS = "task_metrics"
+
+
 def observed_columns() -> list[Any]:
-    """The observation's aggregate columns: ``rows`` (the user's output rows), each of
-    :data:`PROGRESS_METRICS` (``bigint``, or ``double`` for milliseconds) and
-    :data:`BLOCK_CACHE_HIT_RATE`; what :func:`statebackend.metrics.combine_progress`
-    computes from the same partitions."""
+    """The observation's columns: ``rows`` (the user's output rows) and
+    :data:`TASK_METRICS`, the metrics rows' JSON collected (null user rows are skipped).
+
+    Two aggregates, not one per metric: Spark pays for every aggregate of an observation
+    in every micro-batch (33 of them cost 60-90 ms per batch here, BENCHMARKS.md), while
+    collecting the few metrics rows costs next to nothing. :func:`progress_metrics` folds
+    the collected rows into the named metrics (:func:`statebackend.metrics.combine_progress`).
+    """
     from pyspark.sql import functions as F
 
     m = F.col(METRICS_COL)
-    cols = [F.count(F.when(m.isNull(), F.lit(1))).alias("rows")]
-    aggs: dict[str, Any] = {}
-    for name, (how, unit) in PROGRESS_METRICS.items():
-        v = F.get_json_object(m, f"$.{name}").cast("double" if unit == "ms" else "bigint")
-        aggs[name] = F.sum(v) if how == "sum" else F.max(v)
-        cols.append(aggs[name].alias(name))
-    hits, misses = aggs["rocksdb_block_cache_hits"], aggs["rocksdb_block_cache_misses"]
-    # when(): a batch without block reads has no rate (and ANSI mode forbids x / 0)
-    cols.append(F.when(hits + misses > 0, hits / (hits + misses)).alias(BLOCK_CACHE_HIT_RATE))
-    return cols
+    return [F.count(F.when(m.isNull(), F.lit(1))).alias("rows"),
+            F.collect_list(m).alias(TASK_METRICS)]
 
 
 def with_metrics_column(frame: pd.DataFrame) -> pd.DataFrame:
@@ -114,11 +113,17 @@ def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | fl
 
 
 def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
-    """The metrics of one operator in a progress report: ``progress`` is
-    ``query.lastProgress`` (a dict), a ``StreamingQueryProgress`` (a listener's
-    ``event.progress``) or its JSON; ``name`` the operator's observation name
-    (:meth:`statebackend.RocksDBStateBackend.observation_name`). None when the report
-    holds no observation of that name (a micro-batch that ran no task of the operator)."""
+    """The metrics of one operator in a progress report, by the names of
+    :data:`~statebackend.metrics.PROGRESS_METRICS`, summed and maxed over the micro-batch's
+    tasks, plus ``rows``.
+
+    ``progress`` is ``query.lastProgress`` (a dict), a ``StreamingQueryProgress`` (a
+    listener's ``event.progress``) or its JSON; ``name`` the operator's observation name
+    (:meth:`statebackend.RocksDBStateBackend.observation_name`). None when the report holds
+    no observation of that name (a micro-batch that ran no task of the operator).
+    """
+    from ..metrics import combine_progress
+
     if isinstance(progress, str):
         progress = json.loads(progress)
     observed = (progress.get("observedMetrics") if isinstance(progress, Mapping)
@@ -126,4 +131,6 @@ def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
     row = observed.get(name)
     if row is None:
         return None
-    return dict(row) if isinstance(row, Mapping) else row.asDict()
+    row = dict(row) if isinstance(row, Mapping) else row.asDict()
+    tasks = [json.loads(x) for x in row.get(TASK_METRICS) or ()]
+    return {"rows": row.get("rows"), **combine_progress(tasks)}
