@@ -209,8 +209,9 @@ def partition_progress(p: PartitionStats) -> dict[str, int | float]:
 
 def combine_progress(parts: Iterable[Mapping[str, int | float]]) -> dict[str, int | float]:
     """Partitions' :func:`partition_progress` folded as :data:`PROGRESS_METRICS` says (a
-    metric no partition measured is absent), plus :data:`BLOCK_CACHE_HIT_RATE`. The
-    observed metrics in Spark's progress compute exactly this (``spark.progress``)."""
+    metric no partition measured is absent), plus :data:`BLOCK_CACHE_HIT_RATE`. What
+    :func:`statebackend.spark.progress.progress_metrics` computes from the tasks' rows in
+    Spark's progress."""
     out: dict[str, int | float] = {}
     for part in parts:
         for name, v in part.items():
