@@ -179,7 +179,10 @@ def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckp
     listed = listed_records(store, operator_id)
     newest = read_latest_pointer(store, prefix)
     if newest is not None and newest > max(listed, default=-1):
-        raise missing_latest(newest, f"{store.root}/{operator_id}")
+        # a coordinator may have written that record and the pointer after our listing
+        listed = listed_records(store, operator_id)
+        if newest not in listed:
+            raise missing_latest(newest, f"{store.root}/{operator_id}")
     for _n, rel in sorted(listed.items(), reverse=True):
         try:
             return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
@@ -992,6 +995,9 @@ class CheckpointCoordinator:
         newest = read_latest_pointer(self.store, f"{self.operator_id}/")
         latest = self._registry.latest_id
         if newest is None or newest <= (-1 if latest is None else latest):
+            return
+        if self.store.exists(self._abs(completed_record_path(newest))):
+            # written by another coordinator after our listing: read at the next rebuild
             return
         log.warning("operator %s: the record of checkpoint %d, the newest completed one, is "
                     "missing; completing it again from its manifests", self.operator_id,
