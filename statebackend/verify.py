@@ -9,10 +9,12 @@ shared by several checkpoints is read once.
 
 What the checks prove, in the order a restore depends on them:
 
-* ``record_matches_manifests``: each manifest a record names is readable, belongs to that
-  operator, checkpoint and partition, uses the record's ``max_parallelism``, and the
-  partitions' key-group ranges are exactly those of the record's parallelism (so they
-  tile ``[0, max_parallelism)``);
+* loading (not a check of the list, as every reader does it): a record names partitions
+  ``0..P-1`` with manifests of its own checkpoint (it does not parse otherwise), and each
+  manifest matches the digest the record keeps and describes that operator, checkpoint,
+  partition, ``max_parallelism`` and key-group range
+  (:meth:`~statebackend.checkpoint.manifest.CompletedCheckpoint.check_manifest`, so the
+  ranges tile ``[0, max_parallelism)``); what fails is reported as unreadable;
 * ``files_intact``: every file a manifest references (also those reused from older
   checkpoints) exists with its recorded size and CRC32;
 * ``rocksdb_file_set``: the SST files RocksDB's own ``MANIFEST-<n>`` lists are exactly
@@ -148,36 +150,6 @@ Check = Callable[[VerifyContext, LoadedCheckpoint], Iterable[Problem]]
 # --- the checks -----------------------------------------------------------------------
 
 
-def record_matches_manifests(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
-    """Each manifest belongs where the record puts it; the key-group ranges tile."""
-    from .keygroups import key_group_range
-
-    rec, n = c.record, c.checkpoint_id
-    if sorted(rec.manifests) != list(range(rec.parallelism)):
-        yield Problem(n, None, rec.path, f"record names partitions {sorted(rec.manifests)}, "
-                                         f"expected 0..{rec.parallelism - 1}")
-    for p, m in sorted(c.manifests.items()):
-        rel = rec.manifests[p]
-        if m.operator_id != ctx.operator_id:
-            yield Problem(n, p, rel, f"manifest of operator {m.operator_id!r}")
-        if (m.checkpoint_id, m.partition) != (n, p):
-            yield Problem(n, p, rel, f"manifest of checkpoint {m.checkpoint_id} partition "
-                                     f"{m.partition}, but the record names it for checkpoint "
-                                     f"{n} partition {p}")
-        if m.max_parallelism != rec.max_parallelism:
-            yield Problem(n, p, rel, f"manifest for max_parallelism {m.max_parallelism}, "
-                                     f"the record says {rec.max_parallelism}")
-            continue
-        try:
-            want = key_group_range(p, rec.parallelism, rec.max_parallelism)
-        except (StateBackendError, ValueError):
-            continue  # a record with an impossible parallelism: reported above or by its parse
-        if (m.key_group_start, m.key_group_end) != (want.start, want.end):
-            yield Problem(n, p, rel, f"manifest covers key groups {m.key_group_start}-"
-                                     f"{m.key_group_end}, partition {p} of "
-                                     f"{rec.parallelism} owns {want.start}-{want.end}")
-
-
 def files_intact(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
     """Every referenced file exists with its size (and CRC32 unless sizes only). A file
     shared by several checkpoints is reported with the first one that references it."""
@@ -292,7 +264,7 @@ def opens(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-CHECKS: list[Check] = [record_matches_manifests, files_intact, rocksdb_file_set,
+CHECKS: list[Check] = [files_intact, rocksdb_file_set,
                        changelogs_continuous]
 """The checks of every ``verify``, in order."""
 
