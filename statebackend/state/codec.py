@@ -123,6 +123,10 @@ def _from_micros(us: int) -> _dt.datetime:
 
 def _to_utf8(v: Any) -> bytes:
     if isinstance(v, str):
+        if hasattr(v, "tolist"):
+            # a numpy string scalar: its Python value, as Spark's client takes it
+            # (numpy drops trailing NUL characters there)
+            v = v.tolist()
         try:
             return v.encode("utf-8")
         except UnicodeEncodeError as exc:
