@@ -4,7 +4,7 @@ the driver, written as JSON lines beside the checkpoints and logged as one line 
 Where each number comes from
 ----------------------------
 Every partition manifest carries the metrics of the task that published it (see
-:class:`statebackend.checkpoint.metrics.CheckpointMetrics` and the Spark runner):
+:class:`statebackend.checkpoint.task_metrics.CheckpointMetrics` and the Spark runner):
 sync/async durations, bytes and files uploaded and reused, full and incremental size,
 the restore (source, duration, bytes downloaded), rows, keys, the batch's processing
 time, and the RocksDB properties read by :func:`rocksdb_properties` just before the
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .storage.accounting import RequestCounts
 
 if TYPE_CHECKING:  # the executor imports this module: keep its imports light
-    from .checkpoint.manifest import CompletedCheckpoint, PartitionManifest
+    from .model.manifest import CompletedCheckpoint, PartitionManifest
     from .rocksdb.instance import RocksDBInstance
     from .storage.base import DurableStore
 

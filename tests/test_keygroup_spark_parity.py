@@ -19,8 +19,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from statebackend import _kernels, keygroups
-from statebackend.keygroups import (
+from statebackend.keys import groups as keygroups
+from statebackend.keys import kernels as _kernels
+from statebackend.keys.groups import (
     key_group,
     key_group_range,
     key_groups,

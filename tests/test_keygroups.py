@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statebackend.errors import OptionsError, SchemaError, StateBackendError
-from statebackend.keygroups import (
+from statebackend.keys.groups import (
     DEFAULT_MAX_PARALLELISM,
     EMPTY_KEY_GROUP_RANGE,
     MAX_MAX_PARALLELISM,

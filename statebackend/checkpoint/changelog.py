@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import snappy
 
 from ..errors import CorruptStateError
+from ..model.manifest import changelog_id, changelog_name, is_changelog_name
 from ..storage.checksum import format_crc32
-from .manifest import changelog_id, changelog_name, is_changelog_name
 
 __all__ = ["UNKNOWN", "ChangelogStats", "ChangelogWriter", "Record", "changelog_id",
            "changelog_name", "check_chain", "is_changelog_name", "read_records", "replay",

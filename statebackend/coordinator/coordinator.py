@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from .. import keygroups
 from ..checkpoint.fencing import (
     check_owner,
     epoch_path,
@@ -67,7 +66,15 @@ from ..checkpoint.fencing import (
     list_epochs,
     read_epoch,
 )
-from ..checkpoint.manifest import (
+from ..errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptStateError,
+    IncompatibleStateError,
+    UnsafePathError,
+)
+from ..keys import groups as keygroups
+from ..model.manifest import (
     CHECKPOINTS_DIR,
     LATEST_PATH,
     MANIFEST_NAME,
@@ -80,13 +87,6 @@ from ..checkpoint.manifest import (
     latest_pointer,
     manifest_digest,
     parse_latest_pointer,
-)
-from ..errors import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    CorruptStateError,
-    IncompatibleStateError,
-    UnsafePathError,
 )
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
@@ -115,7 +115,7 @@ _PIN_NAME = re.compile(r"^chk-(\d+)$")
 
 def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
     """Inclusive key-group range ``(start, end)`` owned by ``partition`` of ``parallelism``
-    (:func:`statebackend.keygroups.key_group_range` as the tuple manifests record)."""
+    (:func:`statebackend.keys.groups.key_group_range` as the tuple manifests record)."""
     r = keygroups.key_group_range(partition, parallelism, max_parallelism)
     return r.start, r.end
 
@@ -422,7 +422,7 @@ class CheckpointCoordinator:
         """Complete checkpoint ``checkpoint_id`` if every partition has published it.
 
         Lists only the partition directories ``chk-<n>/p<p>/``, chooses one valid
-        manifest per partition with :func:`~statebackend.checkpoint.manifest.choose_manifest`
+        manifest per partition with :func:`~statebackend.model.manifest.choose_manifest`
         (an attempt is valid when its manifest parses, describes this operator, partition,
         checkpoint and key groups, and every file it references exists), writes the record
         atomically, registers it and applies retention.

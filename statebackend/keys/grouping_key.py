@@ -39,10 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels
-from ._kernels import KEY_GROUP_PREFIXES, NULL_FIELD, bytes_field, int_field
-from .errors import CorruptStateError, OptionsError, SchemaError
-from .keygroups import (
+from ..errors import CorruptStateError, OptionsError, SchemaError
+from . import kernels as _kernels
+from .groups import (
     _INT_RANGES,
     MAX_MAX_PARALLELISM,
     SEED,
@@ -52,6 +51,7 @@ from .keygroups import (
     column_specs,
     to_internal,
 )
+from .kernels import KEY_GROUP_PREFIXES, NULL_FIELD, bytes_field, int_field
 
 __all__ = [
     "KEY_GROUP_PREFIX_LEN",
@@ -132,7 +132,7 @@ def encode_grouping_key(values: Sequence[Any], types: Sequence[str], kg: int) ->
     types : sequence of str
         Spark type names of the key columns.
     kg : int
-        The key's key group (see :func:`statebackend.keygroups.key_group`).
+        The key's key group (see :func:`statebackend.keys.groups.key_group`).
 
     Returns
     -------
@@ -299,7 +299,7 @@ def encode_grouping_keys(columns: Sequence[Any], types: Sequence[str],
     types : sequence of str
         Spark type names of the key columns.
     key_groups : numpy.ndarray
-        The key group of every row (e.g. from :func:`statebackend.keygroups.key_groups`).
+        The key group of every row (e.g. from :func:`statebackend.keys.groups.key_groups`).
 
     Returns
     -------

@@ -38,9 +38,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from . import _kernels
-from ._kernels import _np_hash_i32, hash_bytes, hash_int, hash_long, to_signed32
-from .errors import OptionsError, SchemaError
+from ..errors import OptionsError, SchemaError
+from . import kernels as _kernels
+from .kernels import _np_hash_i32, hash_bytes, hash_int, hash_long, to_signed32
 
 __all__ = [
     "DEFAULT_MAX_PARALLELISM",
@@ -476,7 +476,7 @@ def _numeric_internal(col: Any, type_: str) -> tuple[np.ndarray, np.ndarray | No
 
 def column_specs(columns: Sequence[Any], types: Sequence[str]
                  ) -> tuple[list[tuple], list[tuple], int]:
-    """Turn key columns into the kernels' column specs (see :mod:`statebackend._kernels`).
+    """Turn key columns into the kernels' column specs (see :mod:`statebackend.keys.kernels`).
 
     Parameters
     ----------

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import split_fixed
 from ..errors import SchemaError
-from .schema import DataType, Schema
+from ..model.schema import DataType, Schema
+from .kernels import split_fixed
 
 __all__ = ["RowCodec", "compile_codec", "encode_varint", "decode_varint", "FixedColumns",
            "fixed_columns"]

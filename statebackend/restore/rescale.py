@@ -32,17 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..checkpoint.checkpointer import PartitionCheckpointer
-from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest
 from ..checkpoint.restore import open_checkpoint, replay_changelogs
 from ..errors import IncompatibleStateError
-from ..keycodec import key_group_bounds
-from ..keygroups import KeyGroupRange, key_group_range, rescale_sources
+from ..keys.grouping_key import key_group_bounds
+from ..keys.groups import KeyGroupRange, key_group_range, rescale_sources
+from ..local.disk import LocalCopyError, LocalRecovery
+from ..model.manifest import CompletedCheckpoint, PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.reader import SavepointReader, check_max_parallelism
 from ..savepoint.writer import GLOBAL_COLUMN_FAMILIES
 from ..state.evolution import merge_meta_entry
 from ..storage.manifests import read_recorded_manifests
-from .local import LocalCopyError, LocalRecovery
 
 __all__ = [
     "RescaleMetrics",

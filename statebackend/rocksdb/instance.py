@@ -14,8 +14,8 @@ from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
-from .. import _kernels
 from ..errors import StateBackendError
+from ..keys import kernels as _kernels
 
 DEFAULT_CF = "default"
 
@@ -129,7 +129,7 @@ class RocksDBInstance:
     def write(self, puts: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
         """Apply ``{cf: {key: value or None (delete)}}`` atomically in one WriteBatch.
 
-        Large batches go in key order (the compiled :func:`~statebackend._kernels.sorted_items`):
+        Large batches go in key order (the compiled :func:`~statebackend.keys.kernels.sorted_items`):
         RocksDB's memtable takes sorted inserts at about half the cost.
         """
         self._check_open()

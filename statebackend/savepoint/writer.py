@@ -19,16 +19,16 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..checkpoint.manifest import (
+from ..checkpoint.restore import open_checkpoint
+from ..errors import CorruptStateError, StateBackendError, StorageError
+from ..keys.grouping_key import key_group_bounds
+from ..keys.groups import KeyGroupRange
+from ..model.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
     StateDescriptor,
     check_component,
 )
-from ..checkpoint.restore import open_checkpoint
-from ..errors import CorruptStateError, StateBackendError, StorageError
-from ..keycodec import key_group_bounds
-from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.evolution import merge_descriptors

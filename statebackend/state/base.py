@@ -7,8 +7,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import StateError
+from ..keys.layout import ttl_index_key
 from .evolution import TAG_EXPIRY, Versions
-from .layout import ttl_index_key
 
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend

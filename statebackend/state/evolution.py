@@ -38,10 +38,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..checkpoint.manifest import StateDescriptor
 from ..errors import CorruptStateError, IncompatibleStateError, SchemaEvolutionError
-from .codec import RowCodec, _row_factory, compile_codec
-from .schema import DataType, Field, Schema, parse_ddl
+from ..keys.values import RowCodec, _row_factory, compile_codec
+from ..model.manifest import StateDescriptor
+from ..model.schema import DataType, Field, Schema, parse_ddl
 
 __all__ = ["WIDENING", "TAG", "TAG_EXPIRY", "NO_EXPIRY", "Versions", "check_evolution",
            "merge_descriptors", "version_id", "evolve", "descriptor_json", "merge_meta_entry"]
@@ -379,7 +379,7 @@ class Versions:
         """A list state's value with every element in the current layout."""
         if raw is None:
             return None
-        from .codec import decode_varint, encode_varint
+        from ..keys.values import decode_varint, encode_varint
         out: list[bytes] = []
         changed = False
         pos, end = 0, len(raw)

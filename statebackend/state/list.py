@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StateError
+from ..keys.values import RowCodec, decode_varint, encode_varint
 from .base import EXPIRY, KeyedState
-from .codec import RowCodec, decode_varint, encode_varint
 
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..keys.layout import length_suffix
+from ..keys.values import RowCodec
 from .base import EXPIRY, KeyedState
-from .codec import RowCodec
-from .layout import length_suffix
 
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend

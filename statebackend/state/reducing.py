@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import StateError
-from .codec import RowCodec
+from ..keys.values import RowCodec
 from .value import ValueState
 
 if TYPE_CHECKING:

@@ -24,8 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .base import MISSING
-from .layout import (
+from ..keys.layout import (
     composite,
     decode_ts,
     encode_ts,
@@ -35,6 +34,7 @@ from .layout import (
     split_timer_by_time_key,
     timer_by_time_key,
 )
+from .base import MISSING
 
 if TYPE_CHECKING:
     from ..rocksdb.instance import RocksDBInstance

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .layout import encode_ts, split_ttl_index_key
+from ..keys.layout import encode_ts, split_ttl_index_key
 from .timers import key_groups
 
 if TYPE_CHECKING:

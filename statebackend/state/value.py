@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _kernels
 from ..errors import CorruptStateError, StateError
+from ..keys import kernels as _kernels
+from ..keys.values import RowCodec
 from .base import EXPIRY, MISSING, KeyedState, no_current_key
-from .codec import RowCodec
 
 if TYPE_CHECKING:
     from .backend import KeyedStateBackend
@@ -233,7 +233,7 @@ class BlockState(ValueState):
     key group: one Python-to-RocksDB call per block instead of one per key.
 
     RocksDB key: 2-byte key group, then the 2-byte block number within it
-    (``block_ids`` in :mod:`statebackend._kernels` picks it from a hash of the grouping
+    (``block_ids`` in :mod:`statebackend.keys.kernels` picks it from a hash of the grouping
     key). RocksDB value: a value block, ``grouping key -> encoded value`` for every key of
     that block. Blocks live inside their key group, so checkpoints, savepoints and
     rescaling (which move whole key groups) treat them like any other entry.
@@ -244,7 +244,7 @@ class BlockState(ValueState):
     checkpoint. No TTL.
 
     Entries are never turned into Python objects except the values asked for: the
-    kernels (:mod:`statebackend._kernels`) search and merge the stored bytes.
+    kernels (:mod:`statebackend.keys.kernels`) search and merge the stored bytes.
     """
 
     kind = "blocks"

@@ -21,7 +21,6 @@ from coordsim import (
     run_attempt,
 )
 
-from statebackend.checkpoint.manifest import PartitionManifest, completed_record_path
 from statebackend.coordinator import (
     CheckpointCoordinator,
     key_group_range,
@@ -34,6 +33,7 @@ from statebackend.errors import (
     CorruptStateError,
     IncompatibleStateError,
 )
+from statebackend.model.manifest import PartitionManifest, completed_record_path
 from statebackend.storage.base import DurableStore
 
 MAXP = 8

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from inproc import frames, run_task
 
-from statebackend.keycodec import decode_grouping_key
-from statebackend.keygroups import key_groups
+from statebackend.keys.grouping_key import decode_grouping_key
+from statebackend.keys.groups import key_groups
 from statebackend.spark.plan import TICK_COL, KeySpec
 from statebackend.spark.runner import concat_frames
 from statebackend.spark.task import PTIME_COL, TaskInput, group_by_key

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebackend.checkpoint.manifest import StateDescriptor
 from statebackend.errors import CorruptStateError, SchemaError, SchemaEvolutionError
-from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import key_group
-from statebackend.recovery.rescale import merge_global
+from statebackend.keys.grouping_key import encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.model.manifest import StateDescriptor
+from statebackend.restore.rescale import merge_global
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.spark.read_state import read_partition
 from statebackend.spark.vector import KeyedColumnState
@@ -345,8 +345,8 @@ def test_states_written_before_schema_versions_keep_working(env: Env) -> None:
     before; a schema change is refused with what to do."""
     import json
 
-    from statebackend.state.codec import compile_codec
-    from statebackend.state.schema import parse_ddl
+    from statebackend.keys.values import compile_codec
+    from statebackend.model.schema import parse_ddl
 
     legacy = json.dumps({"name": "s", "kind": "value", "value_schema": "a INT",
                          "user_key_schema": None, "ttl_ms": None}).encode()
@@ -565,7 +565,7 @@ def test_any_sequence_of_compatible_changes_reads_everything_back(
 def test_default_clause_parses_round_trips_and_is_checked() -> None:
     from pyspark.sql.types import IntegerType, StructField, StructType
 
-    from statebackend.state.schema import parse_ddl, to_schema
+    from statebackend.model.schema import parse_ddl, to_schema
 
     s = parse_ddl("a INT DEFAULT -3, b STRING NOT NULL DEFAULT 'it\\'s', c BOOLEAN DEFAULT TRUE,"
                   " d DECIMAL(5,2) DEFAULT 1.5, e DOUBLE DEFAULT 2e3, f INT DEFAULT NULL")
