@@ -325,8 +325,8 @@ def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
     CheckpointNotFoundError
         The checkpoint has no completed record, or a manifest it names is gone.
     """
-    from .coordinator.coordinator import require_completed_record
     from .storage.manifests import operator_store, read_recorded_manifests
+    from .storage.records import require_completed_record
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)

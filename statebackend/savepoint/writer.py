@@ -224,7 +224,7 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     """
     t0 = time.perf_counter()
     op_store = operator_store(root, operator_id)
-    from ..coordinator.coordinator import require_completed_record
+    from ..storage.records import require_completed_record
 
     record = require_completed_record(root, operator_id, checkpoint_id)
     name = name or f"sp-{record.checkpoint_id}-{int(time.time() * 1000)}"

@@ -263,7 +263,7 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
     StateError
         The key types are neither recorded nor given.
     """
-    from ..coordinator import require_completed_record
+    from ..storage.records import require_completed_record
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)

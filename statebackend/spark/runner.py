@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint.fencing import claim
-from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
 from ..local.disk import WORK_DIR
 from ..local.resident import ResidentInstances, resident_dir_name, resident_instances
@@ -32,6 +31,7 @@ from ..storage.manifests import (
     read_completed_record,
     read_recorded_manifests,
 )
+from ..storage.records import completed_ids
 from .plan import KG_COL
 from .task import (
     ADDED_COLUMNS,

@@ -24,7 +24,6 @@ from coordsim import (
 from statebackend.coordinator import (
     CheckpointCoordinator,
     key_group_range,
-    read_latest_record,
     referenced_paths,
 )
 from statebackend.errors import (
@@ -35,6 +34,7 @@ from statebackend.errors import (
 )
 from statebackend.model.manifest import PartitionManifest, completed_record_path
 from statebackend.storage.base import DurableStore
+from statebackend.storage.records import read_latest_record
 
 MAXP = 8
 
