@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import struct
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ..errors import StateError
 from ..keys.layout import ttl_index_key
 from .evolution import TAG_EXPIRY, Versions
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["KeyedState", "MISSING", "EXPIRY", "no_current_key"]
 
@@ -51,7 +49,7 @@ class KeyedState:
     #: Whether each stored value is a list of elements (each with its own schema id).
     _elements: ClassVar[bool] = False
 
-    def __init__(self, backend: KeyedStateBackend, name: str, ttl_ms: int | None) -> None:
+    def __init__(self, backend: StateHost, name: str, ttl_ms: int | None) -> None:
         self._backend = backend
         self.name = name
         self._name_b = name.encode("utf-8")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -12,9 +12,7 @@ from ..errors import CorruptStateError, StateError
 from ..keys import kernels as _kernels
 from ..keys.values import RowCodec
 from .base import EXPIRY, MISSING, KeyedState, no_current_key
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique",
            "is_block_count"]
@@ -31,7 +29,7 @@ class ValueState(KeyedState):
 
     kind = "value"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  ttl_ms: int | None) -> None:
         super().__init__(backend, name, ttl_ms)
         self.codec = codec
@@ -249,7 +247,7 @@ class BlockState(ValueState):
 
     kind = "blocks"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  blocks: int) -> None:
         super().__init__(backend, name, codec, None)
         self.blocks = blocks
