@@ -44,7 +44,7 @@ from ..model.manifest import StateDescriptor
 from ..model.schema import to_schema
 from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
 from .base import KeyedState
-from .evolution import Versions, descriptor_json, evolve
+from .evolution import Versions, check_stored_descriptor, descriptor_json, evolve
 from .list import ListState
 from .map import MapState
 from .reducing import AggregateFunction, AggregatingState, ReducingState
@@ -391,7 +391,7 @@ class KeyedStateBackend:
         out = {}
         for _, v in self._instance.scan_prefix(META_CF, _STATE_PREFIX):
             d = json.loads(v)
-            out[d["name"]] = StateDescriptor(**d)
+            out[d["name"]] = check_stored_descriptor(StateDescriptor(**d), "_meta")
         return out
 
     # --- batch paths -------------------------------------------------------------------

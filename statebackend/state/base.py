@@ -56,12 +56,10 @@ class KeyedState:
         self.ttl_ms = ttl_ms
         self._cf, self._dirty, self._clean = backend._bind(name)
         d = backend._meta[name]
-        # Where a TTL value's expiry and payload start: after the u16 schema id, except
-        # in states stored before schema versions (no id).
-        self._xo, self._po = (2, 10) if d.schema_id is not None else (0, 8)
+        # Where a TTL value's expiry and payload start: after the u16 schema id.
+        self._xo, self._po = 2, 10
         #: ``expiry -> prefix`` of a TTL value (schema id and expiry).
-        self._stamp = (partial(TAG_EXPIRY.pack, d.schema_id) if d.schema_id is not None
-                       else EXPIRY.pack)
+        self._stamp = partial(TAG_EXPIRY.pack, d.schema_id)
         #: Set when the state has earlier schema versions: reads return every value in
         #: the current layout (values of other versions are converted as they are read).
         self._versions: Versions | None = None
