@@ -25,7 +25,7 @@ import time
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.keys.groups import key_group_range
+from statebackend.keys.ranges import key_group_range
 from statebackend.options import StateBackendOptions
 from statebackend.restore.rescale import restore_from_savepoint, restore_rescaled
 from statebackend.rocksdb.instance import RocksDBInstance

@@ -574,7 +574,8 @@ def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
 def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
     import numpy as np
 
-    from .keys.groups import key_groups, partition_for_key_group
+    from .keys.groups import key_groups
+    from .keys.ranges import partition_for_key_group
 
     pdf = holder["pdf"]
     keys = holder["keys"]

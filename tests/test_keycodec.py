@@ -23,7 +23,8 @@ from statebackend.keys.grouping_key import (
     key_group_of,
     key_group_prefix,
 )
-from statebackend.keys.groups import MAX_MAX_PARALLELISM, KeyGroupRange, key_groups
+from statebackend.keys.groups import key_groups
+from statebackend.keys.ranges import MAX_MAX_PARALLELISM, KeyGroupRange
 
 # Values as PySpark hands them to a processor, per type (timestamps as naive datetimes).
 VALUES = {

@@ -73,7 +73,7 @@ from ..errors import (
     IncompatibleStateError,
     UnsafePathError,
 )
-from ..keys import groups as keygroups
+from ..keys import ranges as keyranges
 from ..model.manifest import (
     CHECKPOINTS_DIR,
     LATEST_PATH,
@@ -115,8 +115,8 @@ _PIN_NAME = re.compile(r"^chk-(\d+)$")
 
 def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
     """Inclusive key-group range ``(start, end)`` owned by ``partition`` of ``parallelism``
-    (:func:`statebackend.keys.groups.key_group_range` as the tuple manifests record)."""
-    r = keygroups.key_group_range(partition, parallelism, max_parallelism)
+    (:func:`statebackend.keys.ranges.key_group_range` as the tuple manifests record)."""
+    r = keyranges.key_group_range(partition, parallelism, max_parallelism)
     return r.start, r.end
 
 

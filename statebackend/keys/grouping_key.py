@@ -41,17 +41,9 @@ import numpy as np
 
 from ..errors import CorruptStateError, OptionsError, SchemaError
 from . import kernels as _kernels
-from .groups import (
-    _INT_RANGES,
-    MAX_MAX_PARALLELISM,
-    SEED,
-    KeyGroupRange,
-    _check_arity,
-    check_max_parallelism,
-    column_specs,
-    to_internal,
-)
+from .groups import _INT_RANGES, SEED, _check_arity, column_specs, to_internal
 from .kernels import KEY_GROUP_PREFIXES, NULL_FIELD, bytes_field, int_field
+from .ranges import MAX_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 
 __all__ = [
     "KEY_GROUP_PREFIX_LEN",

@@ -35,7 +35,7 @@ from ..checkpoint.checkpointer import PartitionCheckpointer
 from ..checkpoint.restore import open_checkpoint, replay_changelogs
 from ..errors import IncompatibleStateError
 from ..keys.grouping_key import key_group_bounds
-from ..keys.groups import KeyGroupRange, key_group_range, rescale_sources
+from ..keys.ranges import KeyGroupRange, key_group_range, rescale_sources
 from ..local.disk import LocalCopyError, LocalRecovery
 from ..model.manifest import CompletedCheckpoint, PartitionManifest
 from ..rocksdb.instance import RocksDBInstance

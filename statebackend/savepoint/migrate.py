@@ -53,8 +53,9 @@ from ..errors import (
     StorageError,
 )
 from ..keys.grouping_key import decode_grouping_key
-from ..keys.groups import check_parallelism, key_group_range, normalise_type, spark_hashes
+from ..keys.groups import normalise_type, spark_hashes
 from ..keys.layout import KG_LEN, TS_LEN
+from ..keys.ranges import check_parallelism, key_group_range
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateBackendError, StorageError
 from ..keys.grouping_key import key_group_bounds
-from ..keys.groups import KeyGroupRange
+from ..keys.ranges import KeyGroupRange
 from ..model.manifest import (
     CompletedCheckpoint,
     PartitionManifest,

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateBackendError, StateError
 from ..keys.grouping_key import decode_grouping_key
-from ..keys.groups import KeyGroupRange
 from ..keys.layout import decode_ts, split_composite
+from ..keys.ranges import KeyGroupRange
 from ..keys.values import compile_codec
 from ..model.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
 from ..model.schema import Schema, parse_ddl

@@ -28,7 +28,7 @@ import pandas as pd
 
 from ..errors import StateBackendError
 from ..keys.grouping_key import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
-from ..keys.groups import DEFAULT_MAX_PARALLELISM, key_group_range
+from ..keys.ranges import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..model.manifest import PartitionManifest
 from ..options import StateBackendOptions
 from ..redact import redact_nested, redact_options, redact_url

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..errors import SchemaError, SchemaEvolutionError, StateBackendError
 from ..keys.grouping_key import encode_keys_with_groups
-from ..keys.groups import KeyGroupRange, check_max_parallelism
+from ..keys.ranges import KeyGroupRange, check_max_parallelism
 from ..keys.values import fixed_columns
 from ..state.backend import KeyedStateBackend
 from ..state.value import ValueState

@@ -10,7 +10,7 @@ from savepoint_helpers import MAXP, OP, build_operator, dump, merged, opts, rest
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.errors import IncompatibleStateError
-from statebackend.keys.groups import key_group_range
+from statebackend.keys.ranges import key_group_range
 from statebackend.restore.rescale import restore_rescaled
 from statebackend.state.backend import KeyedStateBackend
 

@@ -16,7 +16,7 @@ from statebackend.errors import (
     IncompatibleStateError,
     StorageError,
 )
-from statebackend.keys.groups import key_group_range
+from statebackend.keys.ranges import key_group_range
 from statebackend.restore.rescale import restore_from_savepoint
 from statebackend.savepoint.format import SAVEPOINT_MANIFEST
 from statebackend.savepoint.reader import SavepointReader

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from statebackend.errors import SchemaError, StateBackendError, StateError
 from statebackend.keys.grouping_key import encode_grouping_key
-from statebackend.keys.groups import KeyGroupRange, key_group
+from statebackend.keys.groups import key_group
+from statebackend.keys.ranges import KeyGroupRange
 from statebackend.keys.values import compile_codec, fixed_columns
 from statebackend.model.schema import parse_ddl
 from statebackend.rocksdb.instance import RocksDBInstance
