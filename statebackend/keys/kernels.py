@@ -30,7 +30,7 @@ headers):
 A ``mask`` is a ``bool`` array, True where the value is present.
 
 ``split_fixed(buffer, width)`` cuts a buffer of fixed-width encoded rows (see
-:class:`statebackend.keys.values.FixedColumns`) into one bytes object per row.
+:class:`statebackend.keys.columns.FixedColumns`) into one bytes object per row.
 
 Four kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
 layout of :class:`statebackend.spark.vector.KeyedColumnState`)::

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import SchemaError, SchemaEvolutionError, StateBackendError
+from ..keys.columns import fixed_columns
 from ..keys.grouping_key import encode_keys_with_groups
 from ..keys.ranges import KeyGroupRange, check_max_parallelism
-from ..keys.values import fixed_columns
 from ..state.backend import KeyedStateBackend
 from ..state.value import ValueState
 from .task import DEFAULT_FRAME_ROWS, kg_range_of
