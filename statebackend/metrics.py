@@ -219,7 +219,8 @@ class CheckpointStats:
 
 
 def _source(restore: Mapping[str, Any]) -> str:
-    # RestoreSource is a str enum; older manifests may hold its repr ("RestoreSource.X")
+    # RestoreSource is a str enum: a manifest built in this process (metrics from asdict)
+    # still holds the member, whose str() is "RestoreSource.X"; one read back holds "x"
     return str(restore.get("source", "unknown")).split(".")[-1].lower()
 
 
