@@ -25,7 +25,8 @@ from typing import Any
 
 from rocksdict import Options
 
-from statebackend.checkpoint import PartitionCheckpointer, RestoreSource
+from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint.task_metrics import RestoreSource
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.storage import open_store

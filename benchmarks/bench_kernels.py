@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from statebackend import _kernels
-from statebackend.keygroups import column_specs
+from statebackend.keys import kernels as _kernels
+from statebackend.keys.groups import column_specs
 
 N_STR = 100_000
 N_INT = 1_000_000
@@ -116,7 +116,7 @@ def _end_to_end_fn(impl: str, name: str) -> tuple[Callable[[], Any], int]:
     """``key_groups`` on a pandas Series / numpy column: conversion plus kernel."""
     import pandas as pd
 
-    from statebackend import keygroups
+    from statebackend.keys import groups as keygroups
 
     col: Any = pd.Series(_strings(N_STR)) if name == "str_series" else (
         np.random.default_rng(7).integers(-2**62, 2**62, N_INT))

@@ -26,8 +26,8 @@ from typing import Any
 from rocksdict import Options
 
 from statebackend.checkpoint import PartitionCheckpointer
-from statebackend.checkpoint.manifest import PartitionManifest
 from statebackend.coordinator import CheckpointCoordinator
+from statebackend.model.manifest import PartitionManifest
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.storage import open_store

@@ -25,9 +25,9 @@ import time
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.keygroups import key_group_range
+from statebackend.keys.ranges import key_group_range
 from statebackend.options import StateBackendOptions
-from statebackend.recovery.rescale import restore_from_savepoint, restore_rescaled
+from statebackend.restore.rescale import restore_from_savepoint, restore_rescaled
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.savepoint.reader import SavepointReader
 from statebackend.savepoint.writer import create_savepoint, savepoint_dir

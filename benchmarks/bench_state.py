@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from statebackend.keys.values import RowCodec
+from statebackend.model.schema import parse_ddl
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.state import KeyedStateBackend
-from statebackend.state.codec import RowCodec
-from statebackend.state.schema import parse_ddl
 
 N = 10_000
 KEYS = [(i % 128).to_bytes(2, "big") + b"user-%06d" % i for i in range(N)]

@@ -211,9 +211,9 @@ def manifest_timings(location: str, operator_id: str, partitions: int = 1,
     """Medians, over every published manifest of ``operator_id`` under ``location`` from
     ``first_batch`` on, of what the tasks recorded: ``task_ms`` and the checkpoint's sync
     and async parts (ms)."""
-    from statebackend.coordinator import listed_records
     from statebackend.storage import open_store
     from statebackend.storage.manifests import list_published_manifests, operator_store
+    from statebackend.storage.records import listed_records
 
     root = open_store(location)
     store = operator_store(root, operator_id)

@@ -80,7 +80,7 @@ class Run:
 
 
 def partition_of(keys: np.ndarray, parallelism: int) -> tuple[np.ndarray, np.ndarray]:
-    from statebackend.keygroups import key_groups
+    from statebackend.keys.groups import key_groups
 
     kg = np.asarray(key_groups([keys], ["bigint"], MAXP), dtype=np.int32)
     return kg, (kg.astype(np.int64) * parallelism // MAXP).astype(np.int32)
@@ -135,7 +135,7 @@ def options_for(args: argparse.Namespace, local: str, keep_open: bool) -> StateB
 
 def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
     from statebackend.coordinator import CheckpointCoordinator
-    from statebackend.recovery import resident
+    from statebackend.local import resident
     from statebackend.storage import open_store
     from statebackend.storage.manifests import operator_store, read_manifest
 

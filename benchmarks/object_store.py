@@ -32,8 +32,9 @@ import time
 import uuid
 from typing import Any
 
-from statebackend.checkpoint import PartitionCheckpointer, StateDescriptor
+from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.coordinator import CheckpointCoordinator, key_group_range
+from statebackend.model.manifest import StateDescriptor
 from statebackend.options import StateBackendOptions
 from statebackend.storage import FsspecStore, open_store
 from statebackend.storage.accounting import RequestCounts

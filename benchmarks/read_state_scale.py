@@ -44,8 +44,8 @@ MAXP = 128
 def build(workdir: str, keys: int, partitions: int) -> str:
     """One completed checkpoint of ``keys`` keys under ``workdir/durable`` (reused)."""
     from statebackend.coordinator import CheckpointCoordinator
+    from statebackend.local import resident
     from statebackend.options import StateBackendOptions
-    from statebackend.recovery import resident
     from statebackend.spark import runner
     from statebackend.spark.plan import KG_COL, KeySpec
     from statebackend.spark.task import PTIME_COL, OperatorConfig
@@ -70,7 +70,7 @@ def build(workdir: str, keys: int, partitions: int) -> str:
         return iter(())
 
     process = vector_process(put, config, "v BIGINT, s STRING", None, None)
-    from statebackend.keygroups import key_groups
+    from statebackend.keys.groups import key_groups
 
     all_keys = np.arange(keys, dtype=np.int64) * 7919 + 13
     kg = np.asarray(key_groups([all_keys], ["bigint"], MAXP), dtype=np.int32)

@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_task as BT  # noqa: E402
 
 from statebackend.coordinator import CheckpointCoordinator  # noqa: E402
-from statebackend.keygroups import key_group, key_group_range  # noqa: E402
+from statebackend.keys.groups import key_group  # noqa: E402
+from statebackend.keys.ranges import key_group_range  # noqa: E402
 from statebackend.options import StateBackendOptions  # noqa: E402
 from statebackend.spark import runner  # noqa: E402
 from statebackend.spark.task import OperatorConfig  # noqa: E402

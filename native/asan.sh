@@ -12,6 +12,6 @@ gcc -shared -fPIC -O1 -g -fsanitize=address -fno-omit-frame-pointer -std=c99 \
     -o "$work/statebackend/_native$(python3-config --extension-suffix)"
 cd "$work"
 export ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" PYTHONPATH="$work"
-python -c "import statebackend._kernels as k; assert k.BACKEND == 'native' and k.native.__file__.startswith('$work'), k.native"
+python -c "import statebackend.keys.kernels as k; assert k.BACKEND == 'native' and k.native.__file__.startswith('$work'), k.native"
 python -m pytest -p no:cacheprovider -q tests/test_native.py tests/state/test_value_blocks.py \
     tests/state/test_value_batch.py tests/test_keycodec.py tests/test_rocksdb_multi_get.py "$@"

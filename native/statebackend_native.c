@@ -1,8 +1,8 @@
 /*
- * statebackend._native: the compiled twins of statebackend/_kernels.py.
+ * statebackend._native: the compiled twins of statebackend/keys/kernels.py.
  *
  * Two kernels over whole columns of grouping keys (column specs are plain tuples built by
- * statebackend/keygroups.py; see the docstring of statebackend/_kernels.py):
+ * statebackend/keys/groups.py; see the docstring of statebackend/keys/kernels.py):
  *
  *   hash_columns(columns, out, max_parallelism) -> None
  *       Spark's Murmur3_x86_32 (seed chained column to column, nulls skipped), then
@@ -539,7 +539,7 @@ done:
 /* ---- value blocks (KeyedColumnState's block layout) ---------------------------------
  *
  * block := 0x01 varint(n) entry{n};  entry := varint(len key) key varint(len value) value
- * Entries in strictly ascending (bytewise) key order. See statebackend/_kernels.py.
+ * Entries in strictly ascending (bytewise) key order. See statebackend/keys/kernels.py.
  */
 
 #define BLOCK_VERSION 0x01
@@ -1075,7 +1075,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "statebackend._native",
-    "Compiled kernels of statebackend (see statebackend/_kernels.py for their twins).", -1,
+    "Compiled kernels of statebackend (see statebackend/keys/kernels.py for their twins).", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 

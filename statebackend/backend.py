@@ -20,9 +20,9 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import StructType
 
-from .checkpoint.manifest import check_component
 from .errors import IncompatibleStateError, OptionsError
 from .metrics import record_checkpoint
+from .model.manifest import check_component
 from .options import (
     StateBackendOptions,
     check_location,
@@ -412,7 +412,7 @@ class RocksDBStateBackend:
             Returns a started ``StreamingQuery``; called again for every restart, with the
             same Spark ``checkpointLocation``.
         strategy : RestartStrategy, optional
-            Default: :func:`~statebackend.recovery.restart.strategy_from_options` of this
+            Default: :func:`~statebackend.restart.strategy_from_options` of this
             backend's options (explicit ones, else the active session's
             ``spark.statebackend.restart-strategy.*`` conf).
         clock : Clock, optional
@@ -427,7 +427,7 @@ class RocksDBStateBackend:
         RestartsExhaustedError
             The strategy gave up; ``__cause__`` is the last failure.
         """
-        from .recovery.restart import strategy_from_options
+        from .restart import strategy_from_options
         from .supervisor import supervise
 
         if strategy is None:
@@ -574,7 +574,8 @@ def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
 def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
     import numpy as np
 
-    from .keygroups import key_groups, partition_for_key_group
+    from .keys.groups import key_groups
+    from .keys.ranges import partition_for_key_group
 
     pdf = holder["pdf"]
     keys = holder["keys"]

@@ -51,12 +51,6 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
-from .checkpoint.manifest import (
-    CHECKPOINTS_DIR,
-    CompletedCheckpoint,
-    PartitionManifest,
-    check_component,
-)
 from .errors import (
     CheckpointNotFoundError,
     CorruptStateError,
@@ -65,6 +59,7 @@ from .errors import (
     StateError,
     StorageError,
 )
+from .model.manifest import CHECKPOINTS_DIR, CompletedCheckpoint, PartitionManifest, check_component
 from .progress import Progress, ProgressFn
 from .progress import format_bytes as _size
 from .redact import redact_text

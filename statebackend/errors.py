@@ -65,6 +65,29 @@ class IncompatibleStateError(StateBackendError, ValueError):
     """Existing state cannot be used as configured (e.g. ``max_parallelism`` changed)."""
 
 
+class FormatVersionError(IncompatibleStateError):
+    """A file (or stored entry) written in an earlier, pre-release format of this package,
+    which this version no longer reads (see docs/formats.md, "Format versions").
+
+    Attributes
+    ----------
+    path : str
+        What was read (a durable or local path, or an entry of the state's ``_meta``).
+    found, expected : object
+        The format version found and the one this version reads.
+    """
+
+    def __init__(self, path: str, what: str, found: object, expected: object) -> None:
+        super().__init__(
+            f"{path}: {what} format {found!r} was written by a pre-release version of "
+            f"statebackend; this version reads format {expected!r} only. Recreate the state "
+            f"(run the query from a new checkpoint location), or read it with the version "
+            f"that wrote it")
+        self.path = path
+        self.found = found
+        self.expected = expected
+
+
 # --- state API ---------------------------------------------------------------------
 
 

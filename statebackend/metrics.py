@@ -4,7 +4,7 @@ the driver, written as JSON lines beside the checkpoints and logged as one line 
 Where each number comes from
 ----------------------------
 Every partition manifest carries the metrics of the task that published it (see
-:class:`statebackend.checkpoint.metrics.CheckpointMetrics` and the Spark runner):
+:class:`statebackend.checkpoint.task_metrics.CheckpointMetrics` and the Spark runner):
 sync/async durations, bytes and files uploaded and reused, full and incremental size,
 the restore (source, duration, bytes downloaded), rows, keys, the batch's processing
 time, and the RocksDB properties read by :func:`rocksdb_properties` just before the
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .storage.accounting import RequestCounts
 
 if TYPE_CHECKING:  # the executor imports this module: keep its imports light
-    from .checkpoint.manifest import CompletedCheckpoint, PartitionManifest
+    from .model.manifest import CompletedCheckpoint, PartitionManifest
     from .rocksdb.instance import RocksDBInstance
     from .storage.base import DurableStore
 
@@ -219,7 +219,8 @@ class CheckpointStats:
 
 
 def _source(restore: Mapping[str, Any]) -> str:
-    # RestoreSource is a str enum; older manifests may hold its repr ("RestoreSource.X")
+    # RestoreSource is a str enum: a manifest built in this process (metrics from asdict)
+    # still holds the member, whose str() is "RestoreSource.X"; one read back holds "x"
     return str(restore.get("source", "unknown")).split(".")[-1].lower()
 
 
@@ -325,8 +326,8 @@ def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int
     CheckpointNotFoundError
         The checkpoint has no completed record, or a manifest it names is gone.
     """
-    from .coordinator.coordinator import require_completed_record
     from .storage.manifests import operator_store, read_recorded_manifests
+    from .storage.records import require_completed_record
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)

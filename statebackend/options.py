@@ -385,7 +385,7 @@ class StateBackendOptions:
     keep_instances_open : bool, default True
         Keep each partition's RocksDB instance open in the Python worker between
         micro-batches (compactions complete; the next task in the same worker skips the
-        restore). See :mod:`statebackend.recovery.resident`.
+        restore). See :mod:`statebackend.local.resident`.
     instance_idle_timeout : float, default 300.0
         Seconds after which a kept-open instance no task used is closed.
     upload_threads, download_threads : int, default 4

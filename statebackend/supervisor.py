@@ -45,7 +45,7 @@ from .errors import (
     UnsafePathError,
 )
 from .progress import ProgressFn
-from .recovery.restart import Clock, MonotonicClock, RestartDecision, RestartStrategy
+from .restart import Clock, MonotonicClock, RestartDecision, RestartStrategy
 
 __all__ = [
     "EXIT_INTERRUPTED",

@@ -13,7 +13,7 @@ What the checks prove, in the order a restore depends on them:
   ``0..P-1`` with manifests of its own checkpoint (it does not parse otherwise), and each
   manifest matches the digest the record keeps and describes that operator, checkpoint,
   partition, ``max_parallelism`` and key-group range
-  (:meth:`~statebackend.checkpoint.manifest.CompletedCheckpoint.check_manifest`, so the
+  (:meth:`~statebackend.model.manifest.CompletedCheckpoint.check_manifest`, so the
   ranges tile ``[0, max_parallelism)``); what fails is reported as unreadable;
 * ``files_intact``: every file a manifest references (also those reused from older
   checkpoints) exists with its recorded size and CRC32;
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint.manifest import (
+from .errors import CheckpointNotFoundError, CorruptStateError, StateBackendError, StorageError
+from .model.manifest import (
     CHECKPOINTS_DIR,
     CompletedCheckpoint,
     FileEntry,
@@ -44,7 +45,6 @@ from .checkpoint.manifest import (
     changelog_id,
     completed_record_path,
 )
-from .errors import CheckpointNotFoundError, CorruptStateError, StateBackendError, StorageError
 from .progress import ProgressFn
 from .storage.base import DurableStore
 from .storage.checksum import crc32_stream
@@ -234,8 +234,8 @@ def opens(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
     """Deep: download, open with RocksDB, replay changelogs, read every entry back and
     check that each key lies in the partition's key-group range."""
     from .checkpoint.restore import open_checkpoint
+    from .keys.layout import KG_LEN
     from .savepoint.writer import GLOBAL_COLUMN_FAMILIES
-    from .state.layout import KG_LEN
     from .storage.manifests import operator_store
 
     ostore = operator_store(ctx.store, ctx.operator_id)

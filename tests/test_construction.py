@@ -10,7 +10,7 @@ import pytest
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import OptionsError, UnknownOptionError
-from statebackend.keygroups import DEFAULT_MAX_PARALLELISM
+from statebackend.keys.ranges import DEFAULT_MAX_PARALLELISM
 from statebackend.options import check_location, coerce_options
 from statebackend.redact import redact_options, redact_text, redact_url
 from statebackend.spark.plan import KeySpec

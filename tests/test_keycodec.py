@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from statebackend.errors import CorruptStateError, OptionsError, SchemaError
-from statebackend.keycodec import (
+from statebackend.keys.grouping_key import (
     KEY_GROUP_PREFIX_LEN,
     decode_grouping_key,
     encode_grouping_key,
@@ -23,7 +23,8 @@ from statebackend.keycodec import (
     key_group_of,
     key_group_prefix,
 )
-from statebackend.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange, key_groups
+from statebackend.keys.groups import key_groups
+from statebackend.keys.ranges import MAX_MAX_PARALLELISM, KeyGroupRange
 
 # Values as PySpark hands them to a processor, per type (timestamps as naive datetimes).
 VALUES = {

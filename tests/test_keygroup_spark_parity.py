@@ -19,15 +19,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from statebackend import _kernels, keygroups
-from statebackend.keygroups import (
-    key_group,
-    key_group_range,
-    key_groups,
-    partition_for_key_group,
-    placement_values,
-    spark_hash,
-)
+from statebackend.keys import groups as keygroups
+from statebackend.keys import kernels as _kernels
+from statebackend.keys.groups import key_group, key_groups, spark_hash
+from statebackend.keys.placement import placement_values
+from statebackend.keys.ranges import key_group_range, partition_for_key_group
 
 pytestmark = pytest.mark.spark
 

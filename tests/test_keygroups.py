@@ -12,21 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statebackend.errors import OptionsError, SchemaError, StateBackendError
-from statebackend.keygroups import (
+from statebackend.keys.groups import key_group, key_groups, normalise_type, spark_hash, spark_hashes
+from statebackend.keys.placement import placement_values
+from statebackend.keys.ranges import (
     DEFAULT_MAX_PARALLELISM,
     EMPTY_KEY_GROUP_RANGE,
     MAX_MAX_PARALLELISM,
     KeyGroupRange,
     check_parallelism,
-    key_group,
     key_group_range,
-    key_groups,
-    normalise_type,
     partition_for_key_group,
-    placement_values,
     rescale_sources,
-    spark_hash,
-    spark_hashes,
 )
 
 # Values of Spark SQL's hash() (checked against Spark by test_keygroup_spark_parity.py).

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statebackend import _kernels
+from statebackend.keys import kernels as _kernels
 
 native = _kernels.native
 
@@ -170,7 +170,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_env_var_forces_twins_without_warning() -> None:
     r = _run("import warnings; warnings.simplefilter('error');"
-             "import statebackend._kernels as k, statebackend.keycodec;"
+             "import statebackend.keys.kernels as k, statebackend.keys.grouping_key;"
              "print(k.BACKEND, k.hash_columns is k.py_hash_columns,"
              " k.encode_keys is k.py_encode_keys, k.native is not None)",
              STATEBACKEND_NO_NATIVE="1")
@@ -185,7 +185,7 @@ def _import_with(stub: str, check: str = "") -> tuple[str, str]:
     code = ("import sys, types, warnings\n" + stub +
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
-            "    import statebackend._kernels as k\n" + check +
+            "    import statebackend.keys.kernels as k\n" + check +
             "msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]\n"
             "print(k.BACKEND, k.encode_keys is k.py_encode_keys, len(msgs)); print(msgs[0])\n")
     r = _run(code)
@@ -206,7 +206,7 @@ def test_stale_extension_warns_and_falls_back() -> None:
 def test_missing_extension_warns_once_and_falls_back() -> None:
     first, message = _import_with(
         "sys.modules['statebackend._native'] = None  # makes the import fail\n",
-        "    import statebackend.keygroups as kg, statebackend.keycodec\n"
+        "    import statebackend.keys.groups as kg, statebackend.keys.grouping_key\n"
         "    assert kg.key_groups([['a', 'b']], ['string']).tolist() == "
         "[kg.key_group(['a'], ['string']), kg.key_group(['b'], ['string'])]\n")
     assert first == "python True 1"

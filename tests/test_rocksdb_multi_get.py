@@ -59,7 +59,7 @@ def test_large_writes_in_key_order_give_the_same_state(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # Large batches are applied in key order (compiled sorted_items); the state must be
     # exactly what the unsorted path writes: puts, overwrites, deletes, several families.
-    from statebackend import _kernels
+    from statebackend.keys import kernels as _kernels
 
     sorted_calls: list[int] = []
     real = _kernels.sorted_items

@@ -1,41 +1,17 @@
-"""Checkpoints: pure manifest models and the lifecycle of one partition's checkpoint."""
+"""The lifecycle of one partition's checkpoint: snapshot, incremental or changelog upload,
+publication, restore, materialization and writer fencing (the model is in
+:mod:`statebackend.model`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from .manifest import (
-    CompletedCheckpoint,
-    FileEntry,
-    PartitionManifest,
-    StateDescriptor,
-    choose_manifest,
-)
-from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
+from .checkpointer import PartitionCheckpointer
+from .snapshot import LocalSnapshot
+from .task_metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
 
 __all__ = [
     "CheckpointMetrics",
-    "CompletedCheckpoint",
-    "FileEntry",
     "LocalSnapshot",
     "PartitionCheckpointer",
-    "PartitionManifest",
     "RestoreMetrics",
     "RestoreSource",
-    "StateDescriptor",
-    "choose_manifest",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported lazily: the checkpointer depends on storage and recovery, which themselves
-    # import the pure manifest model from this package.
-    if name == "PartitionCheckpointer":
-        from .checkpointer import PartitionCheckpointer
-
-        return PartitionCheckpointer
-    if name == "LocalSnapshot":
-        from .snapshot import LocalSnapshot
-
-        return LocalSnapshot
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,8 +15,9 @@ File format (``changelog-<n>.sbcl``; all integers little-endian)::
              | i64 base | i64 batch
 
 ``base`` and ``batch`` say which step of the state the file is: it takes the state of
-checkpoint ``base`` (-1: empty) to that of checkpoint ``batch`` (-2 for either: not recorded;
-version 1 files have neither). Replay checks that the changelogs of a manifest chain
+checkpoint ``base`` (-1: empty) to that of checkpoint ``batch`` (-2 for either: not recorded).
+A version 1 file (pre-release, without them) is refused with
+:class:`~statebackend.errors.FormatVersionError`. Replay checks that the changelogs of a manifest chain
 without a gap or an overlap from its materialization to its own checkpoint, so a manifest
 that lost or gained an entry is refused, whatever its JSON says.
 
@@ -46,9 +47,9 @@ from dataclasses import dataclass
 
 import snappy
 
-from ..errors import CorruptStateError
+from ..errors import CorruptStateError, FormatVersionError
+from ..model.manifest import changelog_id, changelog_name, is_changelog_name
 from ..storage.checksum import format_crc32
-from .manifest import changelog_id, changelog_name, is_changelog_name
 
 __all__ = ["UNKNOWN", "ChangelogStats", "ChangelogWriter", "Record", "changelog_id",
            "changelog_name", "check_chain", "is_changelog_name", "read_records", "replay",
@@ -56,7 +57,6 @@ __all__ = ["UNKNOWN", "ChangelogStats", "ChangelogWriter", "Record", "changelog_
 
 MAGIC = b"SBCL"
 VERSION = 2
-_READABLE = (1, 2)
 UNKNOWN = -2  # base or batch not recorded
 SNAPPY = 1
 FRAME_BYTES = 1 << 20
@@ -250,9 +250,11 @@ def read_records(data: bytes, where: str = "<changelog>") -> Iterator[Record]:
 def _footer_size(mv: memoryview, where: str) -> int:
     if bytes(mv[:4]) != MAGIC:
         raise _corrupt(where, "not a changelog (bad magic)")
-    if len(mv) < 6 or mv[4] not in _READABLE or mv[5] != SNAPPY:
+    if len(mv) >= 6 and 0 < mv[4] < VERSION:
+        raise FormatVersionError(where, "changelog", mv[4], VERSION)
+    if len(mv) < 6 or mv[4] != VERSION or mv[5] != SNAPPY:
         raise _corrupt(where, f"unsupported version/compression {bytes(mv[4:6])!r}")
-    return _FOOTER.size + (_SPAN.size if mv[4] >= 2 else 0)
+    return _FOOTER.size + _SPAN.size
 
 
 def span(data: bytes, where: str = "<changelog>") -> tuple[int, int]:
@@ -261,8 +263,6 @@ def span(data: bytes, where: str = "<changelog>") -> tuple[int, int]:
     the rest."""
     mv = memoryview(data)
     footer = _footer_size(mv, where)
-    if mv[4] < 2:
-        return UNKNOWN, UNKNOWN
     if len(mv) < 6 + 4 + footer:
         raise _corrupt(where, "ends before its footer")
     base, batch = _SPAN.unpack_from(mv, len(mv) - _SPAN.size)

@@ -26,16 +26,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, CorruptStateError, StorageError
-from ..options import StateBackendOptions
-from ..recovery.local import WORK_DIR, LocalCopyError, LocalRecovery, copy_in_flight
-from ..rocksdb.instance import RocksDBInstance
-from ..storage.accounting import RequestCounts
-from ..storage.base import DurableStore
-from ..storage.manifests import operator_store, publish_manifest
-from ..storage.priority import critical_path
-from .changelog import ChangelogWriter
-from .fencing import check_publisher
-from .manifest import (
+from ..local.disk import WORK_DIR, LocalCopyError, LocalRecovery, copy_in_flight
+from ..model.manifest import (
     FileEntry,
     MaterializationRef,
     PartitionManifest,
@@ -45,6 +37,14 @@ from .manifest import (
     check_component,
     check_relative,
 )
+from ..options import StateBackendOptions
+from ..rocksdb.instance import RocksDBInstance
+from ..storage.accounting import RequestCounts
+from ..storage.base import DurableStore
+from ..storage.manifests import operator_store, publish_manifest
+from ..storage.priority import critical_path
+from .changelog import ChangelogWriter
+from .fencing import check_publisher
 from .materialize import (
     Lineage,
     materialization_due,
@@ -53,7 +53,6 @@ from .materialize import (
     try_adopt,
     upload_materialization,
 )
-from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
 from .restore import (
     download_checkpoint,
     local_changelog_name,
@@ -61,6 +60,7 @@ from .restore import (
     validate_manifest,
 )
 from .snapshot import LocalSnapshot, take_snapshot
+from .task_metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
 from .uploader import upload_snapshot
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class PartitionCheckpointer:
 
         The caller vouches that the instance holds exactly the state of ``manifest`` (it
         took that checkpoint and nothing was written since: see
-        :class:`statebackend.recovery.resident.ResidentInstances`); the next checkpoint
+        :class:`statebackend.local.resident.ResidentInstances`); the next checkpoint
         reuses the files of ``manifest`` as it would after :meth:`restore`.
         """
         validate_manifest(manifest, self.operator_id)

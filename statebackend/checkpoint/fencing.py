@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..errors import CorruptStateError, StateLocationInUseError, WriterFencedError
+from ..model.manifest import PartitionManifest
 from ..storage.base import DurableStore
-from .manifest import PartitionManifest
 
 __all__ = ["WRITERS_DIR", "WriterEpoch", "check_owner", "claim", "epoch_path",
            "fenced_error", "held_before", "latest_writer", "list_epochs", "check_publisher", "read_epoch"]

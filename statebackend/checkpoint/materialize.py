@@ -27,12 +27,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from ..recovery.local import INFLIGHT_SUFFIX
-from ..storage.base import DurableStore
-from ..storage.checksum import file_crc32
-from ..storage.manifests import read_manifest
-from ..storage.priority import yield_to_critical_path
-from .manifest import (
+from ..local.disk import INFLIGHT_SUFFIX
+from ..model.manifest import (
     MATERIALIZED_PREFIX,
     FileEntry,
     MaterializationRef,
@@ -42,6 +38,10 @@ from .manifest import (
     changelog_id,
     check_relative,
 )
+from ..storage.base import DurableStore
+from ..storage.checksum import file_crc32
+from ..storage.manifests import read_manifest
+from ..storage.priority import yield_to_critical_path
 from .snapshot import LocalSnapshot
 
 log = logging.getLogger(__name__)

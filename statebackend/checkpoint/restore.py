@@ -12,17 +12,17 @@ import shutil
 from collections.abc import Callable
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
-from ..rocksdb.instance import RocksDBInstance
-from ..storage.base import DurableStore
-from ..storage.checksum import bytes_crc32
-from .changelog import check_chain, replay, span
-from .manifest import (
+from ..model.manifest import (
     FileEntry,
     PartitionManifest,
     changelog_id,
     check_component,
     check_relative,
 )
+from ..rocksdb.instance import RocksDBInstance
+from ..storage.base import DurableStore
+from ..storage.checksum import bytes_crc32
+from .changelog import check_chain, replay, span
 
 
 def validate_manifest(manifest: PartitionManifest, operator_id: str | None = None) -> None:

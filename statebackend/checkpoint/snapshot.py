@@ -6,8 +6,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..model.manifest import check_component
 from ..rocksdb.instance import RocksDBInstance
-from .manifest import check_component
 
 # RocksDB's own files that never belong in a checkpoint (lock, info logs).
 _NOT_STATE = ("LOCK", "LOG", "IDENTITY")

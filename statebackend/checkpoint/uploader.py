@@ -21,12 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, StorageError
-from ..storage.accounting import RequestCounts
-from ..storage.base import DurableStore
-from ..storage.checksum import file_crc32
-from ..storage.manifests import publish_manifest
-from .fencing import check_publisher
-from .manifest import (
+from ..model.manifest import (
     MANIFEST_NAME,
     FileEntry,
     PartitionManifest,
@@ -34,8 +29,13 @@ from .manifest import (
     attempt_dir,
     check_relative,
 )
-from .metrics import CheckpointMetrics
+from ..storage.accounting import RequestCounts
+from ..storage.base import DurableStore
+from ..storage.checksum import file_crc32
+from ..storage.manifests import publish_manifest
+from .fencing import check_publisher
 from .snapshot import LocalSnapshot
+from .task_metrics import CheckpointMetrics
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,6 @@ from .coordinator import (
     GcReport,
     RestorePoint,
     key_group_range,
-    listed_records,
-    read_latest_record,
-    require_completed_record,
 )
 from .registry import RegisteredCheckpoint, Retention, SharedStateRegistry, referenced_paths
 
@@ -23,8 +20,5 @@ __all__ = [
     "Retention",
     "SharedStateRegistry",
     "key_group_range",
-    "listed_records",
-    "read_latest_record",
-    "require_completed_record",
     "referenced_paths",
 ]

@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from .. import keygroups
 from ..checkpoint.fencing import (
     check_owner,
     epoch_path,
@@ -67,7 +66,15 @@ from ..checkpoint.fencing import (
     list_epochs,
     read_epoch,
 )
-from ..checkpoint.manifest import (
+from ..errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptStateError,
+    IncompatibleStateError,
+    UnsafePathError,
+)
+from ..keys import ranges as keyranges
+from ..model.manifest import (
     CHECKPOINTS_DIR,
     LATEST_PATH,
     MANIFEST_NAME,
@@ -79,17 +86,14 @@ from ..checkpoint.manifest import (
     completed_record_path,
     latest_pointer,
     manifest_digest,
-    parse_latest_pointer,
-)
-from ..errors import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    CorruptStateError,
-    IncompatibleStateError,
-    UnsafePathError,
 )
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
+from ..storage.records import (
+    missing_latest,
+    read_latest_pointer,
+    records_in,
+)
 from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
 
 __all__ = [
@@ -98,9 +102,6 @@ __all__ = [
     "GcReport",
     "RestorePoint",
     "key_group_range",
-    "listed_records",
-    "read_latest_record",
-    "require_completed_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,24 +110,14 @@ PINS_DIR = "_pins"
 GC_DIR = "_gc"
 WATERMARK_PATH = f"{GC_DIR}/swept.json"
 
-_RECORD_NAME = re.compile(r"^chk-(\d+)\.json$")
 _PIN_NAME = re.compile(r"^chk-(\d+)$")
 
 
 def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> tuple[int, int]:
     """Inclusive key-group range ``(start, end)`` owned by ``partition`` of ``parallelism``
-    (:func:`statebackend.keygroups.key_group_range` as the tuple manifests record)."""
-    r = keygroups.key_group_range(partition, parallelism, max_parallelism)
+    (:func:`statebackend.keys.ranges.key_group_range` as the tuple manifests record)."""
+    r = keyranges.key_group_range(partition, parallelism, max_parallelism)
     return r.start, r.end
-
-
-def _records_in(names: Iterable[str]) -> dict[int, str]:
-    out = {}
-    for rel in names:
-        m = _RECORD_NAME.match(rel.rsplit("/", 1)[-1])
-        if m and rel == completed_record_path(int(m.group(1))):
-            out[int(m.group(1))] = rel
-    return out
 
 
 def _manifests_by_partition(listing: Iterable[str]) -> dict[int, list[str]]:
@@ -150,90 +141,6 @@ def _parse_or_error(raw: bytes | PartitionManifest | Exception | None, where: st
         return PartitionManifest.from_json(raw, where=where)
     except (CorruptStateError, UnsafePathError) as exc:
         return exc
-
-
-def listed_records(store: DurableStore, operator_id: str) -> dict[int, str]:
-    """Checkpoint id -> path (relative to the operator) of every completed-checkpoint
-    record of an operator, from one listing of its ``_checkpoints/`` directory (the
-    retained records plus at most a few being discarded)."""
-    prefix = f"{check_component(operator_id)}/"
-    return _records_in(p[len(prefix):] for p in store.list_dir(prefix + CHECKPOINTS_DIR))
-
-
-def completed_ids(ostore: DurableStore) -> list[int]:
-    """Sorted ids of the completed-checkpoint records under an operator's own store (one
-    listing of its ``_checkpoints/``)."""
-    return sorted(_records_in(ostore.list_dir(CHECKPOINTS_DIR)))
-
-
-def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckpoint | None:
-    """The newest completed-checkpoint record of an operator, or None (for restoring tasks).
-
-    Raises
-    ------
-    CorruptStateError
-        ``_checkpoints/LATEST.json`` names a newer checkpoint whose record is missing (a
-        reader would otherwise silently serve the one before it).
-    """
-    prefix = f"{check_component(operator_id)}/"
-    listed = listed_records(store, operator_id)
-    newest = read_latest_pointer(store, prefix)
-    if newest is not None and newest > max(listed, default=-1):
-        # a coordinator may have written that record and the pointer after our listing
-        listed = listed_records(store, operator_id)
-        if newest not in listed:
-            raise missing_latest(newest, f"{store.root}/{operator_id}")
-    for _n, rel in sorted(listed.items(), reverse=True):
-        try:
-            return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
-        except FileNotFoundError:
-            continue  # discarded between the listing and the read; an older one is newer now
-    return None
-
-
-def read_latest_pointer(store: DurableStore, prefix: str) -> int | None:
-    """The newest completed checkpoint id as ``_checkpoints/LATEST.json`` says (None:
-    none written yet)."""
-    try:
-        return parse_latest_pointer(store.get_bytes(prefix + LATEST_PATH))
-    except FileNotFoundError:
-        return None
-
-
-def missing_latest(checkpoint_id: int, where: str) -> CorruptStateError:
-    rel = completed_record_path(checkpoint_id)
-    return CorruptStateError(
-        f"{rel}: the record of checkpoint {checkpoint_id}, the newest completed one "
-        f"({LATEST_PATH} says so), is missing under {where}; older records would serve an "
-        f"older state. Restore the record from a backup, or let the query's next start "
-        f"rebuild it from the checkpoint's manifests", checkpoint_id=checkpoint_id, path=rel)
-
-
-def require_completed_record(store: DurableStore, operator_id: str,
-                             checkpoint_id: int | None = None) -> CompletedCheckpoint:
-    """The record of completed checkpoint ``checkpoint_id`` (default: the latest) of an
-    operator, for the readers of a checkpoint (savepoints, read_state, metrics).
-
-    Raises
-    ------
-    CheckpointNotFoundError
-        The operator has no completed checkpoint, or none with that id is retained.
-    """
-    from ..storage.manifests import operator_store, read_completed_record
-
-    if checkpoint_id is None:
-        record = read_latest_record(store, operator_id)
-        if record is None:
-            raise CheckpointNotFoundError(f"operator {operator_id!r} has no completed "
-                                          f"checkpoint under {store.root}")
-        return record
-    record = read_completed_record(operator_store(store, operator_id), checkpoint_id)
-    if record is None:
-        raise CheckpointNotFoundError(
-            f"checkpoint {checkpoint_id} of operator {operator_id!r} is not a retained "
-            f"completed checkpoint (no {completed_record_path(checkpoint_id)} under "
-            f"{store.root}/{operator_id})")
-    return record
 
 
 @dataclass(frozen=True)
@@ -422,7 +329,7 @@ class CheckpointCoordinator:
         """Complete checkpoint ``checkpoint_id`` if every partition has published it.
 
         Lists only the partition directories ``chk-<n>/p<p>/``, chooses one valid
-        manifest per partition with :func:`~statebackend.checkpoint.manifest.choose_manifest`
+        manifest per partition with :func:`~statebackend.model.manifest.choose_manifest`
         (an attempt is valid when its manifest parses, describes this operator, partition,
         checkpoint and key groups, and every file it references exists), writes the record
         atomically, registers it and applies retention.
@@ -942,7 +849,7 @@ class CheckpointCoordinator:
         """
         with self._lock:
             records = {}
-            listed = _records_in(self._list(CHECKPOINTS_DIR))
+            listed = records_in(self._list(CHECKPOINTS_DIR))
             for n, rel in listed.items():
                 records[n] = CompletedCheckpoint.from_json(self.store.get_bytes(self._abs(rel)),
                                                            where=rel)
@@ -1021,7 +928,7 @@ class CheckpointCoordinator:
                 # manifests, then its record: if the records changed since they were
                 # listed, the manifest went to retention, not to corruption.
                 if (not self.store.exists(self._abs(record.path))
-                        or _records_in(self._list(CHECKPOINTS_DIR)) != listed):
+                        or records_in(self._list(CHECKPOINTS_DIR)) != listed):
                     raise _RecordVanished(record.checkpoint_id)
                 raise CorruptStateError(
                     f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "

@@ -47,8 +47,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest
 from ..errors import CheckpointNotFoundError
+from ..model.manifest import CompletedCheckpoint, PartitionManifest
 
 __all__ = [
     "Retention",

@@ -9,24 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
-from .. import _kernels
 from ..errors import StateBackendError
+from ..keys import kernels as _kernels
 
 DEFAULT_CF = "default"
-
-
-@dataclass(frozen=True)
-class SstFile:
-    """A live SST file of the instance, as RocksDB reports it."""
-
-    name: str  # file name without directory, e.g. "000012.sst"
-    size: int
-    column_family: str | None = None
 
 
 def _raw_options(base: Options | None = None) -> Options:
@@ -129,7 +119,7 @@ class RocksDBInstance:
     def write(self, puts: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
         """Apply ``{cf: {key: value or None (delete)}}`` atomically in one WriteBatch.
 
-        Large batches go in key order (the compiled :func:`~statebackend._kernels.sorted_items`):
+        Large batches go in key order (the compiled :func:`~statebackend.keys.kernels.sorted_items`):
         RocksDB's memtable takes sorted inserts at about half the cost.
         """
         self._check_open()
@@ -216,14 +206,6 @@ class RocksDBInstance:
         os.makedirs(os.path.dirname(os.path.abspath(target_dir)), exist_ok=True)
         Checkpoint(self._db).create_checkpoint(target_dir)
 
-    def live_sst_files(self) -> list[SstFile]:
-        self._check_open()
-        out = []
-        for f in self._db.live_files():
-            out.append(SstFile(name=f["name"].lstrip("/"), size=int(f["size"]),
-                               column_family=f.get("column_family_name")))
-        return out
-
     def property_int(self, name: str, cf_name: str = DEFAULT_CF) -> int | None:
         try:
             return self.column_family(cf_name, create=False).property_int_value(name)
@@ -252,11 +234,3 @@ class RocksDBInstance:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def destroy(path: str) -> None:
-    """Remove a (closed) instance directory entirely."""
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def iter_column_families(path: str) -> Iterable[str]:
-    return Rdict.list_cf(path, _raw_options())

@@ -45,8 +45,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..checkpoint.manifest import StateDescriptor, check_component
 from ..errors import CorruptKeyGroupError, CorruptStateError, OptionsError
+from ..model.manifest import StateDescriptor, check_component
 
 __all__ = [
     "FORMAT_VERSION",

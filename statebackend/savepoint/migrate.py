@@ -6,7 +6,7 @@ with it, so changing ``max_parallelism`` moves almost every key to another key g
 Knowing the old key group does not give the new one (``h mod 128`` does not determine
 ``h mod 256``), so each grouping key is decoded with its column types and hashed again.
 
-What is rewritten, per column family (see :mod:`statebackend.state.layout`):
+What is rewritten, per column family (see :mod:`statebackend.keys.layout`):
 
 ==========================================  ================================================
 column family                               key, and what changes
@@ -52,11 +52,12 @@ from ..errors import (
     SchemaError,
     StorageError,
 )
-from ..keycodec import decode_grouping_key
-from ..keygroups import check_parallelism, key_group_range, normalise_type, spark_hashes
+from ..keys.grouping_key import decode_grouping_key
+from ..keys.groups import normalise_type, spark_hashes
+from ..keys.layout import KG_LEN, TS_LEN
+from ..keys.ranges import check_parallelism, key_group_range
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
-from ..state.layout import KG_LEN, TS_LEN
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store
 from .format import SAVEPOINT_MANIFEST, SavepointManifest, data_file_name

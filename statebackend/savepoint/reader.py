@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorruptStateError, IncompatibleStateError, StorageError
-from ..keygroups import KeyGroupRange
+from ..keys.ranges import KeyGroupRange
 from ..rocksdb.instance import RocksDBInstance
 from ..state.evolution import merge_meta_entry
 from ..storage.base import DurableStore

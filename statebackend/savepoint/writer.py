@@ -19,16 +19,16 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..checkpoint.manifest import (
+from ..checkpoint.restore import open_checkpoint
+from ..errors import CorruptStateError, StateBackendError, StorageError
+from ..keys.grouping_key import key_group_bounds
+from ..keys.ranges import KeyGroupRange
+from ..model.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
     StateDescriptor,
     check_component,
 )
-from ..checkpoint.restore import open_checkpoint
-from ..errors import CorruptStateError, StateBackendError, StorageError
-from ..keycodec import key_group_bounds
-from ..keygroups import KeyGroupRange
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.evolution import merge_descriptors
@@ -224,7 +224,7 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     """
     t0 = time.perf_counter()
     op_store = operator_store(root, operator_id)
-    from ..coordinator.coordinator import require_completed_record
+    from ..storage.records import require_completed_record
 
     record = require_completed_record(root, operator_id, checkpoint_id)
     name = name or f"sp-{record.checkpoint_id}-{int(time.time() * 1000)}"

@@ -43,9 +43,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.changelog import OP_CREATE_CF, OP_WRITE, read_records
-from ..checkpoint.manifest import FileEntry, PartitionManifest, StateDescriptor, changelog_id
 from ..checkpoint.restore import fetch_changelog
 from ..errors import StateError
+from ..model.manifest import FileEntry, PartitionManifest, StateDescriptor, changelog_id
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
 from ..state.evolution import merge_descriptors

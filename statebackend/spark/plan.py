@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from ..errors import StateBackendError
-from ..keygroups import placement_values
+from ..keys.placement import placement_values
 
 KG_COL = "__sb_kg"
 TICK_COL = "__sb_tick"

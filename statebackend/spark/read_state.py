@@ -42,18 +42,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateBackendError, StateError
-from ..keycodec import decode_grouping_key
-from ..keygroups import KeyGroupRange
+from ..keys.grouping_key import decode_grouping_key
+from ..keys.layout import decode_ts, split_composite
+from ..keys.ranges import KeyGroupRange
+from ..keys.values import compile_codec
+from ..model.manifest import CompletedCheckpoint, PartitionManifest, StateDescriptor
+from ..model.schema import Schema, parse_ddl
 from ..progress import ProgressFn
 from ..rocksdb.instance import RocksDBInstance
-from ..state.codec import compile_codec
 from ..state.evolution import Versions, merge_descriptors
-from ..state.layout import decode_ts, split_composite
 from ..state.list import _elements
-from ..state.schema import Schema, parse_ddl
 from ..state.timers import TIMERS_CF
 from ..state.value import decode_block
 from ..storage.base import DurableStore
@@ -263,7 +263,7 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
     StateError
         The key types are neither recorded nor given.
     """
-    from ..coordinator import require_completed_record
+    from ..storage.records import require_completed_record
 
     ostore = operator_store(store, operator_id)
     record = require_completed_record(store, operator_id, checkpoint_id)

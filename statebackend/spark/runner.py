@@ -16,17 +16,11 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint.fencing import claim
-from ..checkpoint.manifest import (
-    CompletedCheckpoint,
-    PartitionManifest,
-    checkpoint_dir,
-    choose_manifest,
-)
-from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
+from ..local.disk import WORK_DIR
+from ..local.resident import ResidentInstances, resident_dir_name, resident_instances
 from ..metrics import rocksdb_properties
-from ..recovery.local import WORK_DIR
-from ..recovery.resident import ResidentInstances, resident_dir_name, resident_instances
+from ..model.manifest import CompletedCheckpoint, PartitionManifest, checkpoint_dir, choose_manifest
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..state.backend import KeyedStateBackend
@@ -37,6 +31,7 @@ from ..storage.manifests import (
     read_completed_record,
     read_recorded_manifests,
 )
+from ..storage.records import completed_ids
 from .plan import KG_COL
 from .task import (
     ADDED_COLUMNS,
@@ -193,7 +188,7 @@ def release_instance(checkpointer, instance: RocksDBInstance,
 def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             open_instance: Callable[[str], RocksDBInstance],
             resident: ResidentInstances | None, prev: int | None = None) -> Restored:
-    from ..recovery.rescale import restore_from_savepoint, restore_rescaled
+    from ..restore.rescale import restore_from_savepoint, restore_rescaled
 
     partition = checkpointer.partition
     if prev is None:

@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 )
 
 from ..errors import SchemaError, StateError
-from ..state import schema as _schema
+from ..model import schema as _schema
 from ..state.list import ListState
 from ..state.map import MapState
 from ..state.value import ValueState

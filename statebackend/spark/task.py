@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..checkpoint.manifest import PartitionManifest
 from ..errors import StateBackendError
-from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
-from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
+from ..keys.grouping_key import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
+from ..keys.ranges import DEFAULT_MAX_PARALLELISM, key_group_range
+from ..model.manifest import PartitionManifest
 from ..options import StateBackendOptions
 from ..redact import redact_nested, redact_options, redact_url
 from .executor import current_executor_id

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import SchemaError, SchemaEvolutionError, StateBackendError
-from ..keycodec import encode_keys_with_groups
-from ..keygroups import KeyGroupRange, check_max_parallelism
+from ..keys.columns import fixed_columns
+from ..keys.grouping_key import encode_keys_with_groups
+from ..keys.ranges import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
-from ..state.codec import fixed_columns
 from ..state.value import ValueState
 from .task import DEFAULT_FRAME_ROWS, kg_range_of
 

@@ -37,17 +37,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..checkpoint.manifest import StateDescriptor
 from ..errors import OptionsError, SchemaError, StateError
+from ..keys.layout import decode_ts, timer_by_time_key
+from ..keys.values import RowCodec, compile_codec
+from ..model.manifest import StateDescriptor
+from ..model.schema import to_schema
 from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
 from .base import KeyedState
-from .codec import RowCodec, compile_codec
-from .evolution import Versions, descriptor_json, evolve
-from .layout import decode_ts, timer_by_time_key
+from .evolution import Versions, check_stored_descriptor, descriptor_json, evolve
 from .list import ListState
 from .map import MapState
 from .reducing import AggregateFunction, AggregatingState, ReducingState
-from .schema import to_schema
 from .timers import (
     TIMERS_BY_TIME_CF,
     TIMERS_CF,
@@ -184,7 +184,7 @@ class KeyedStateBackend:
         return self._current_key
 
     def set_current_key(self, key: bytes | None) -> None:
-        """Make ``key`` (encoded by :mod:`statebackend.keycodec`) the current key.
+        """Make ``key`` (encoded by :mod:`statebackend.keys.grouping_key`) the current key.
 
         Raises
         ------
@@ -391,7 +391,7 @@ class KeyedStateBackend:
         out = {}
         for _, v in self._instance.scan_prefix(META_CF, _STATE_PREFIX):
             d = json.loads(v)
-            out[d["name"]] = StateDescriptor(**d)
+            out[d["name"]] = check_stored_descriptor(StateDescriptor(**d), "_meta")
         return out
 
     # --- batch paths -------------------------------------------------------------------

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import struct
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ..errors import StateError
+from ..keys.layout import ttl_index_key
 from .evolution import TAG_EXPIRY, Versions
-from .layout import ttl_index_key
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["KeyedState", "MISSING", "EXPIRY", "no_current_key"]
 
@@ -51,19 +49,17 @@ class KeyedState:
     #: Whether each stored value is a list of elements (each with its own schema id).
     _elements: ClassVar[bool] = False
 
-    def __init__(self, backend: KeyedStateBackend, name: str, ttl_ms: int | None) -> None:
+    def __init__(self, backend: StateHost, name: str, ttl_ms: int | None) -> None:
         self._backend = backend
         self.name = name
         self._name_b = name.encode("utf-8")
         self.ttl_ms = ttl_ms
         self._cf, self._dirty, self._clean = backend._bind(name)
         d = backend._meta[name]
-        # Where a TTL value's expiry and payload start: after the u16 schema id, except
-        # in states stored before schema versions (no id).
-        self._xo, self._po = (2, 10) if d.schema_id is not None else (0, 8)
+        # Where a TTL value's expiry and payload start: after the u16 schema id.
+        self._xo, self._po = 2, 10
         #: ``expiry -> prefix`` of a TTL value (schema id and expiry).
-        self._stamp = (partial(TAG_EXPIRY.pack, d.schema_id) if d.schema_id is not None
-                       else EXPIRY.pack)
+        self._stamp = partial(TAG_EXPIRY.pack, d.schema_id)
         #: Set when the state has earlier schema versions: reads return every value in
         #: the current layout (values of other versions are converted as they are read).
         self._versions: Versions | None = None

@@ -17,8 +17,9 @@ A version's id is derived from its DDL and TTL flag (CRC32, 16 bits), so partiti
 evolved independently give the same version the same id, and their descriptors merge
 (:func:`merge_descriptors`) on rescale and when a checkpoint is read.
 
-Descriptors without ``schema_id`` were written before versions were recorded: their
-values carry no id (legacy). They are read as before and cannot change schema.
+Every stored descriptor of a state with values has a ``schema_id``; one without (values
+with no id, a pre-release layout) is refused with
+:class:`~statebackend.errors.FormatVersionError` (:func:`check_stored_descriptor`).
 
 Accepted changes (at every depth of structs, arrays and map values): added fields
 (nullable, or with a DDL ``DEFAULT``, which old values then read as), removed fields, reordered fields, widening (:data:`WIDENING`, decimals to a
@@ -38,10 +39,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..checkpoint.manifest import StateDescriptor
-from ..errors import CorruptStateError, IncompatibleStateError, SchemaEvolutionError
-from .codec import RowCodec, _row_factory, compile_codec
-from .schema import DataType, Field, Schema, parse_ddl
+from ..errors import (
+    CorruptStateError,
+    FormatVersionError,
+    SchemaEvolutionError,
+)
+from ..keys.values import RowCodec, _row_factory, compile_codec
+from ..model.manifest import StateDescriptor
+from ..model.schema import DataType, Field, Schema, parse_ddl
 
 __all__ = ["WIDENING", "TAG", "TAG_EXPIRY", "NO_EXPIRY", "Versions", "check_evolution",
            "merge_descriptors", "version_id", "evolve", "descriptor_json", "merge_meta_entry"]
@@ -162,12 +167,6 @@ def check_evolution(old: StateDescriptor, new: StateDescriptor) -> None:
             "by them), or store the data in a new map state.")
     if old.value_schema == new.value_schema and (old.ttl_ms is None) == (new.ttl_ms is None):
         return
-    if old.schema_id is None:
-        raise SchemaEvolutionError(
-            name, "", f"changing ({old.value_schema}, ttl_ms={old.ttl_ms}) to "
-                      f"({new.value_schema}, ttl_ms={new.ttl_ms})",
-            "This state was written before schema versions were recorded with each value; "
-            "keep its schema and TTL, or copy it into a new state name.")
     reader = parse_ddl(new.value_schema or "")
     for ddl in {old.value_schema, *(h[1] for h in old.history)}:
         _check_fields(name, "", parse_ddl(ddl or "").fields, reader.fields)
@@ -233,6 +232,21 @@ def descriptor_json(d: StateDescriptor) -> bytes:
 META_STATE_PREFIX = b"state/"
 
 
+def check_stored_descriptor(d: StateDescriptor, where: str) -> StateDescriptor:
+    """``d``, a descriptor read from storage, if its state's values carry schema ids.
+
+    Raises
+    ------
+    FormatVersionError
+        A state with values but no ``schema_id``: written by a pre-release version whose
+        values carried no id, which this version no longer reads.
+    """
+    if d.schema_id is None and d.kind != "timers":
+        raise FormatVersionError(f"{where} (state {d.name!r})", "state value",
+                                 "values without schema ids", "values tagged with schema ids")
+    return d
+
+
 def merge_meta_entry(key: bytes, a: bytes, b: bytes) -> bytes:
     """The ``_meta`` entry for ``key`` when two instances hold one (rescaling, a
     savepoint's partitions): a state's descriptors merged so that every schema version
@@ -243,12 +257,9 @@ def merge_meta_entry(key: bytes, a: bytes, b: bytes) -> bytes:
         da, db = (StateDescriptor(**json.loads(x)) for x in (a, b))
     except (ValueError, TypeError):
         return a
-    if (da.schema_id is None) != (db.schema_id is None):
-        raise IncompatibleStateError(
-            f"state {da.name!r} is stored without schema ids in some partitions (written "
-            f"before schema versions) and with them in others: their entries cannot be "
-            f"merged into one partition. Keep the query's parallelism, or read the state "
-            f"(read_state) and write it into a new state name")
+    where = f"_meta entry {key.decode('utf-8', 'replace')}"
+    check_stored_descriptor(da, where)
+    check_stored_descriptor(db, where)
     merged = merge_descriptors(da, db)
     return a if merged is None or merged == da else descriptor_json(merged)
 
@@ -337,19 +348,17 @@ class Versions:
     def __init__(self, d: StateDescriptor, label: str | None = None) -> None:
         self.name = d.name
         self.label = label or f"state {d.name!r}"
-        self.tagged = d.schema_id is not None
+        check_stored_descriptor(d, self.label)
+        assert d.schema_id is not None
         self.ttl = d.ttl_ms is not None
         self.schema = parse_ddl(d.value_schema or "")
         self.current_id = d.schema_id
         self.evolved = bool(d.history)
         self._versions: dict[int, _Version] = {}
-        if self.tagged:
-            assert d.schema_id is not None
-            for vid, ddl, ttl in ((d.schema_id, d.value_schema or "", self.ttl), *d.history):
-                self._versions[vid] = _Version(vid, ddl, ttl, self.schema, self.label)
-        self._current_tag = TAG.pack(d.schema_id) if self.tagged else b""
+        for vid, ddl, ttl in ((d.schema_id, d.value_schema or "", self.ttl), *d.history):
+            self._versions[vid] = _Version(vid, ddl, ttl, self.schema, self.label)
+        self._current_tag = TAG.pack(d.schema_id)
         self._encode: Callable[[Any], bytes] | None = None
-        self._legacy: Callable[[bytes], tuple[Any, ...]] | None = None
 
     def _version(self, raw: bytes) -> _Version:
         vid = TAG.unpack_from(raw)[0]
@@ -362,12 +371,6 @@ class Versions:
 
     def read(self, raw: bytes) -> tuple[int | None, tuple[Any, ...]]:
         """``(expiry or None, value in the current schema)`` of one stored value."""
-        if not self.tagged:
-            if self._legacy is None:
-                self._legacy = RowCodec(self.schema, self.label).decode
-            if self.ttl:
-                return EXPIRY.unpack_from(raw)[0], self._legacy(raw[8:])
-            return None, self._legacy(raw)
         v = self._version(raw)
         exp = EXPIRY.unpack_from(raw, 2)[0] if v.ttl else None
         row = v.decode(raw[10:] if v.ttl else raw[2:])
@@ -379,7 +382,7 @@ class Versions:
         """A list state's value with every element in the current layout."""
         if raw is None:
             return None
-        from .codec import decode_varint, encode_varint
+        from ..keys.values import decode_varint, encode_varint
         out: list[bytes] = []
         changed = False
         pos, end = 0, len(raw)

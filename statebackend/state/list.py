@@ -9,14 +9,12 @@ and appends are a bytes concatenation in the write cache.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import StateError
+from ..keys.values import RowCodec, decode_varint, encode_varint
 from .base import EXPIRY, KeyedState
-from .codec import RowCodec, decode_varint, encode_varint
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["ListState"]
 
@@ -40,7 +38,7 @@ class ListState(KeyedState):
     kind = "list"
     _elements = True
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  ttl_ms: int | None) -> None:
         super().__init__(backend, name, ttl_ms)
         self.codec = codec

@@ -9,14 +9,12 @@ unflushed writes without flushing. Iteration order is the byte order of encoded 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..keys.layout import length_suffix
+from ..keys.values import RowCodec
 from .base import EXPIRY, KeyedState
-from .codec import RowCodec
-from .layout import length_suffix
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["MapState"]
 
@@ -28,7 +26,7 @@ class MapState(KeyedState):
 
     kind = "map"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, key_codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, key_codec: RowCodec,
                  value_codec: RowCodec, ttl_ms: int | None) -> None:
         super().__init__(backend, name, ttl_ms)
         self.key_codec = key_codec

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import StateError
-from .codec import RowCodec
+from ..keys.values import RowCodec
+from .host import StateHost
 from .value import ValueState
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
 
 __all__ = ["ReducingState", "AggregatingState", "AggregateFunction"]
 
@@ -37,7 +35,7 @@ class ReducingState(ValueState):
 
     kind = "reducing"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  reduce_fn: Callable[[Any, Any], Any], ttl_ms: int | None = None) -> None:
         super().__init__(backend, name, codec, ttl_ms)
         self.reduce_fn = reduce_fn
@@ -53,7 +51,7 @@ class AggregatingState(ValueState):
 
     kind = "aggregating"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  aggregate_fn: AggregateFunction, ttl_ms: int | None = None) -> None:
         if not isinstance(aggregate_fn, AggregateFunction):
             raise StateError(f"aggregating state {name!r}: aggregate_fn needs "

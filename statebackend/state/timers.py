@@ -24,8 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .base import MISSING
-from .layout import (
+from ..keys.layout import (
     composite,
     decode_ts,
     encode_ts,
@@ -35,10 +34,11 @@ from .layout import (
     split_timer_by_time_key,
     timer_by_time_key,
 )
+from .base import MISSING
+from .host import StateHost
 
 if TYPE_CHECKING:
     from ..rocksdb.instance import RocksDBInstance
-    from .backend import KeyedStateBackend
 
 __all__ = ["TimerService", "RocksDBTimerService", "HeapTimerService", "TIMERS_CF",
            "TIMERS_BY_TIME_CF", "key_groups"]
@@ -67,7 +67,7 @@ class TimerService(ABC):
 
     name = ""
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: StateHost) -> None:
         self._backend = backend
         self._cf, self._dirty, self._clean = backend._bind(TIMERS_CF)
         self._groups = backend._bind_groups(TIMERS_CF)
@@ -124,7 +124,7 @@ class RocksDBTimerService(TimerService):
 
     name = "rocksdb"
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: StateHost) -> None:
         super().__init__(backend)
         _, self._by_time, _ = backend._bind(TIMERS_BY_TIME_CF)
 
@@ -165,7 +165,7 @@ class HeapTimerService(TimerService):
 
     name = "heap"
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: StateHost) -> None:
         super().__init__(backend)
         self._by_key: dict[bytes, set[int]] = {}
         for k, _ in backend._instance.scan_range(TIMERS_CF, b"", None):

@@ -13,13 +13,9 @@ checks the entry's current expiry before removing anything, then drops the index
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .layout import encode_ts, split_ttl_index_key
+from ..keys.layout import encode_ts, split_ttl_index_key
+from .host import StateHost
 from .timers import key_groups
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
 
 __all__ = ["TTL_CF", "purge_expired", "validate_ttl"]
 
@@ -38,7 +34,7 @@ def validate_ttl(name: str, ttl_ms: int | None) -> int | None:
     return int(ttl_ms)
 
 
-def purge_expired(backend: KeyedStateBackend) -> int:
+def purge_expired(backend: StateHost) -> int:
     """Remove the entries of TTL states whose expiry is ``<= clock()``.
 
     Flushes first (the index scan reads RocksDB). Index entries of states that are known

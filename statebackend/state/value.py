@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .. import _kernels
 from ..errors import CorruptStateError, StateError
+from ..keys import kernels as _kernels
+from ..keys.values import RowCodec
 from .base import EXPIRY, MISSING, KeyedState, no_current_key
-from .codec import RowCodec
-
-if TYPE_CHECKING:
-    from .backend import KeyedStateBackend
+from .host import StateHost
 
 __all__ = ["BlockState", "MAX_BLOCKS", "ValueState", "decode_block", "dense_unique",
            "is_block_count"]
@@ -31,7 +29,7 @@ class ValueState(KeyedState):
 
     kind = "value"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  ttl_ms: int | None) -> None:
         super().__init__(backend, name, ttl_ms)
         self.codec = codec
@@ -233,7 +231,7 @@ class BlockState(ValueState):
     key group: one Python-to-RocksDB call per block instead of one per key.
 
     RocksDB key: 2-byte key group, then the 2-byte block number within it
-    (``block_ids`` in :mod:`statebackend._kernels` picks it from a hash of the grouping
+    (``block_ids`` in :mod:`statebackend.keys.kernels` picks it from a hash of the grouping
     key). RocksDB value: a value block, ``grouping key -> encoded value`` for every key of
     that block. Blocks live inside their key group, so checkpoints, savepoints and
     rescaling (which move whole key groups) treat them like any other entry.
@@ -244,12 +242,12 @@ class BlockState(ValueState):
     checkpoint. No TTL.
 
     Entries are never turned into Python objects except the values asked for: the
-    kernels (:mod:`statebackend._kernels`) search and merge the stored bytes.
+    kernels (:mod:`statebackend.keys.kernels`) search and merge the stored bytes.
     """
 
     kind = "blocks"
 
-    def __init__(self, backend: KeyedStateBackend, name: str, codec: RowCodec,
+    def __init__(self, backend: StateHost, name: str, codec: RowCodec,
                  blocks: int) -> None:
         super().__init__(backend, name, codec, None)
         self.blocks = blocks

@@ -25,8 +25,8 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..checkpoint.manifest import check_relative
 from ..errors import StorageError, TransientStorageError, UnsafePathError
+from ..model.manifest import check_relative
 from ..redact import redact_text, redact_url
 from .accounting import DEFAULT_PART_SIZE, AccountingFileSystem, RequestCounter, RequestCounts
 from .base import DurableStore, StoreFileNotFoundError, Transfer, _expand_get

@@ -1,13 +1,14 @@
 """Reading and publishing checkpoint manifests through a :class:`DurableStore`.
 
-The models live in :mod:`statebackend.checkpoint.manifest` (pure); this module is their IO.
+The models live in :mod:`statebackend.model.manifest` (pure); this module is their IO.
 Paths are relative to the *operator root* (``<store root>/<operator_id>``); pass
 ``operator_id`` when the store is rooted at the backend root instead.
 """
 
 from __future__ import annotations
 
-from ..checkpoint.manifest import (
+from ..errors import CheckpointNotFoundError, CorruptStateError
+from ..model.manifest import (
     MANIFEST_NAME,
     CompletedCheckpoint,
     PartitionManifest,
@@ -16,7 +17,6 @@ from ..checkpoint.manifest import (
     checkpoint_dir,
     completed_record_path,
 )
-from ..errors import CheckpointNotFoundError, CorruptStateError
 from .base import DurableStore
 
 
@@ -157,7 +157,7 @@ def list_published_manifests(store: DurableStore, checkpoint_id: int, partition:
     """Every published attempt of one (checkpoint, partition), sorted by attempt name.
 
     Lists only ``chk-<n>/p<partition>/`` (a bounded listing). Pick one with
-    :func:`statebackend.checkpoint.manifest.choose_manifest`.
+    :func:`statebackend.model.manifest.choose_manifest`.
     """
     ostore = operator_store(store, operator_id)
     base = f"{checkpoint_dir(checkpoint_id)}/p{partition}"

@@ -19,17 +19,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from statebackend.checkpoint import PartitionCheckpointer, PartitionManifest, RestoreSource
+from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import checkpointer as checkpointer_mod
 from statebackend.checkpoint import materialize as materialize_mod
 from statebackend.checkpoint.changelog import ChangelogWriter, read_records, replay
-from statebackend.checkpoint.manifest import (
-    MATERIALIZED_NAME,
-    CompletedCheckpoint,
-    MaterializationRef,
-    attempt_dir,
-    changelog_name,
-)
 from statebackend.checkpoint.materialize import (
     Lineage,
     materialization_due,
@@ -37,14 +30,23 @@ from statebackend.checkpoint.materialize import (
     upload_materialization,
     wait_for_materializations,
 )
+from statebackend.checkpoint.task_metrics import RestoreSource
 from statebackend.coordinator import (
     CheckpointCoordinator,
     RegisteredCheckpoint,
     SharedStateRegistry,
 )
 from statebackend.errors import CorruptStateError, StorageError
+from statebackend.local.disk import INFLIGHT_SUFFIX
+from statebackend.model.manifest import (
+    MATERIALIZED_NAME,
+    CompletedCheckpoint,
+    MaterializationRef,
+    PartitionManifest,
+    attempt_dir,
+    changelog_name,
+)
 from statebackend.options import StateBackendOptions
-from statebackend.recovery.local import INFLIGHT_SUFFIX
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.storage import open_store, read_manifest
 

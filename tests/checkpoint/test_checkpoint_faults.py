@@ -15,9 +15,10 @@ from typing import Any
 import fsspec
 import pytest
 
-from statebackend.checkpoint import PartitionCheckpointer, PartitionManifest, RestoreSource
-from statebackend.checkpoint.manifest import MANIFEST_NAME
+from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint.task_metrics import RestoreSource
 from statebackend.errors import CorruptStateError, StorageError, UnsafePathError
+from statebackend.model.manifest import MANIFEST_NAME, PartitionManifest
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.storage import list_published_manifests, open_store, read_manifest

@@ -10,16 +10,17 @@ from typing import Any
 
 import pytest
 
-from statebackend.checkpoint import (
-    PartitionCheckpointer,
+from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint.materialize import wait_for_materializations
+from statebackend.checkpoint.task_metrics import RestoreSource
+from statebackend.errors import CheckpointError, CommitFailedError, CorruptStateError
+from statebackend.model.manifest import (
+    MANIFEST_NAME,
     PartitionManifest,
-    RestoreSource,
     StateDescriptor,
+    attempt_dir,
     choose_manifest,
 )
-from statebackend.checkpoint.manifest import MANIFEST_NAME, attempt_dir
-from statebackend.checkpoint.materialize import wait_for_materializations
-from statebackend.errors import CheckpointError, CommitFailedError, CorruptStateError
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.storage import (

@@ -86,8 +86,9 @@ def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
     from statebackend.checkpoint import PartitionCheckpointer
     from statebackend.checkpoint.materialize import wait_for_materializations
     from statebackend.coordinator import CheckpointCoordinator
-    from statebackend.keycodec import encode_grouping_key
-    from statebackend.keygroups import key_group, key_group_range
+    from statebackend.keys.grouping_key import encode_grouping_key
+    from statebackend.keys.groups import key_group
+    from statebackend.keys.ranges import key_group_range
     from statebackend.options import StateBackendOptions
     from statebackend.state.backend import KeyedStateBackend
     from statebackend.storage import open_store

@@ -155,7 +155,8 @@ def test_read_dumps_the_state_a_pandas_reference_predicts(streaming_run, tmp_pat
     assert got == reference_counts(streaming_run.data)
     assert frame["key.k"].is_unique
     # a key sits in the partition its key group maps to
-    from statebackend.keygroups import key_groups, partition_for_key_group
+    from statebackend.keys.groups import key_groups
+    from statebackend.keys.ranges import partition_for_key_group
     kg = key_groups([frame["key.k"].to_numpy()], ["string"], 128)
     assert list(partition_for_key_group(kg, 2, 128)) == list(frame["partition_id"])
 

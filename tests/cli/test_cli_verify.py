@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from statebackend.checkpoint.manifest import PartitionManifest, manifest_digest
 from statebackend.checkpoint.restore import open_checkpoint
 from statebackend.cli import main
 from statebackend.errors import CorruptStateError
+from statebackend.model.manifest import PartitionManifest, manifest_digest
 from statebackend.storage import open_store
 from statebackend.storage.checksum import file_crc32
 from statebackend.verify import CHECKS, LoadedCheckpoint, Problem, verify_checkpoints

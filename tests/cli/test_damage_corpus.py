@@ -20,11 +20,11 @@ from test_cli_verify import edit_manifest, manifest_file, record, write_record
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint.fencing import claim, epoch_path
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.coordinator.coordinator import read_latest_record
 from statebackend.errors import CorruptStateError, RestoreError, StateBackendError
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
 from statebackend.storage.manifests import read_recorded_manifests
+from statebackend.storage.records import read_latest_record
 
 OP = "op"
 MAXP = 32  # tests/cli/conftest.py builds with it

@@ -12,12 +12,8 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from statebackend.checkpoint.manifest import (
-    FileEntry,
-    PartitionManifest,
-    attempt_dir,
-)
 from statebackend.coordinator import key_group_range
+from statebackend.model.manifest import FileEntry, PartitionManifest, attempt_dir
 from statebackend.storage.base import DurableStore, Transfer
 
 OP = "op1"

@@ -21,11 +21,9 @@ from coordsim import (
     run_attempt,
 )
 
-from statebackend.checkpoint.manifest import PartitionManifest, completed_record_path
 from statebackend.coordinator import (
     CheckpointCoordinator,
     key_group_range,
-    read_latest_record,
     referenced_paths,
 )
 from statebackend.errors import (
@@ -34,7 +32,9 @@ from statebackend.errors import (
     CorruptStateError,
     IncompatibleStateError,
 )
+from statebackend.model.manifest import PartitionManifest, completed_record_path
 from statebackend.storage.base import DurableStore
+from statebackend.storage.records import read_latest_record
 
 MAXP = 8
 

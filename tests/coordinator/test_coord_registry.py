@@ -6,9 +6,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from statebackend.checkpoint.manifest import CompletedCheckpoint
 from statebackend.coordinator import RegisteredCheckpoint, Retention, SharedStateRegistry
 from statebackend.errors import CheckpointNotFoundError
+from statebackend.model.manifest import CompletedCheckpoint
 
 
 def cp(n: int, *paths: str, committed: bool = True) -> RegisteredCheckpoint:

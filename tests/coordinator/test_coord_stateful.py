@@ -35,12 +35,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from statebackend.checkpoint.manifest import (
-    MANIFEST_NAME,
-    PartitionManifest,
-    completed_record_path,
-)
 from statebackend.coordinator import CheckpointCoordinator, referenced_paths
+from statebackend.model.manifest import MANIFEST_NAME, PartitionManifest, completed_record_path
 from statebackend.storage.base import DurableStore
 
 P = 2

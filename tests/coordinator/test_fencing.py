@@ -11,20 +11,20 @@ from typing import Any
 import pytest
 from coordsim import FaultStore, all_files
 
-from statebackend.checkpoint import PartitionCheckpointer, StateDescriptor
+from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint.fencing import (
     check_owner,
     claim,
     latest_writer,
     list_epochs,
 )
-from statebackend.checkpoint.manifest import PartitionManifest
 from statebackend.coordinator import CheckpointCoordinator
 from statebackend.errors import (
     FencingUnsupportedError,
     StateLocationInUseError,
     WriterFencedError,
 )
+from statebackend.model.manifest import PartitionManifest, StateDescriptor
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store, read_manifest
 from statebackend.storage.base import DurableStore

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from statebackend.errors import OptionsError
 from statebackend.options import StateBackendOptions as S
 from statebackend.options import parse_duration
-from statebackend.recovery.restart import (
+from statebackend.restart import (
     ExponentialDelay,
     FailureRate,
     FixedDelay,

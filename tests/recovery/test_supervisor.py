@@ -19,7 +19,7 @@ from statebackend.errors import (
     RestartsExhaustedError,
     StorageError,
 )
-from statebackend.recovery.restart import ExponentialDelay, FixedDelay, ManualClock, NoRestart
+from statebackend.restart import ExponentialDelay, FixedDelay, ManualClock, NoRestart
 from statebackend.supervisor import is_recoverable, supervise
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

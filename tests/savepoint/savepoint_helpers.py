@@ -8,8 +8,9 @@ import pytest
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import key_group, key_group_range
+from statebackend.keys.grouping_key import encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.keys.ranges import key_group_range
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.state.backend import KeyedStateBackend

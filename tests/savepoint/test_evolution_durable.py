@@ -15,8 +15,8 @@ from savepoint_helpers import MAXP, OP, encoded_keys, opts
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.cli import main as cli_main
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.keygroups import key_group_range
-from statebackend.recovery.rescale import restore_from_savepoint, restore_rescaled
+from statebackend.keys.ranges import key_group_range
+from statebackend.restore.rescale import restore_from_savepoint, restore_rescaled
 from statebackend.savepoint.reader import SavepointReader
 from statebackend.savepoint.writer import create_savepoint, savepoint_dir
 from statebackend.spark.read_state import load_savepoint, read_rows

@@ -27,8 +27,9 @@ from statebackend.errors import (
     OptionsError,
     StorageError,
 )
-from statebackend.keycodec import decode_grouping_key, encode_grouping_key
-from statebackend.keygroups import KeyGroupRange, key_group, key_group_range
+from statebackend.keys.grouping_key import decode_grouping_key, encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.keys.ranges import KeyGroupRange, key_group_range
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.savepoint.format import SAVEPOINT_MANIFEST

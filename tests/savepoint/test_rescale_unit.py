@@ -10,8 +10,8 @@ from savepoint_helpers import MAXP, OP, build_operator, dump, merged, opts, rest
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.errors import IncompatibleStateError
-from statebackend.keygroups import key_group_range
-from statebackend.recovery.rescale import restore_rescaled
+from statebackend.keys.ranges import key_group_range
+from statebackend.restore.rescale import restore_rescaled
 from statebackend.state.backend import KeyedStateBackend
 
 

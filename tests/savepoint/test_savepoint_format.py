@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statebackend.checkpoint.manifest import StateDescriptor
 from statebackend.errors import CorruptKeyGroupError, CorruptStateError, OptionsError
+from statebackend.model.manifest import StateDescriptor
 from statebackend.savepoint.format import (
     GLOBAL_KEY_GROUP,
     MAGIC,

@@ -16,8 +16,8 @@ from statebackend.errors import (
     IncompatibleStateError,
     StorageError,
 )
-from statebackend.keygroups import key_group_range
-from statebackend.recovery.rescale import restore_from_savepoint
+from statebackend.keys.ranges import key_group_range
+from statebackend.restore.rescale import restore_from_savepoint
 from statebackend.savepoint.format import SAVEPOINT_MANIFEST
 from statebackend.savepoint.reader import SavepointReader
 from statebackend.savepoint.writer import create_savepoint, savepoint_dir

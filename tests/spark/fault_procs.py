@@ -73,7 +73,7 @@ def _install_disk_full_patch() -> None:
     (the hard-linked copy itself needs no new space)."""
     if _DISK_FULL["installed"]:
         return
-    from statebackend.recovery.local import LocalRecovery
+    from statebackend.local.disk import LocalRecovery
 
     write_marker = LocalRecovery.write_clean_marker
 

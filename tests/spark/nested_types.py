@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 
-from statebackend.state.schema import DataType, Field, Schema
+from statebackend.model.schema import DataType, Field, Schema
 
 _INT_RANGES = {"tinyint": 2**7, "smallint": 2**15, "int": 2**31, "bigint": 2**63}
 PRIMITIVE_NAMES = ["string", "binary", "boolean", "tinyint", "smallint", "int", "bigint",

@@ -15,7 +15,7 @@ import time
 import inproc
 from inproc import frames, run_task
 
-from statebackend.recovery import resident
+from statebackend.local import resident
 
 if __name__ == "__main__":
     root, batch, attempt, rows, how = sys.argv[1:6]

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.keygroups import key_groups
+from statebackend.keys.groups import key_groups
+from statebackend.local import resident
 from statebackend.options import StateBackendOptions
-from statebackend.recovery import resident
 from statebackend.spark import runner
 from statebackend.spark.changes import change_rows, plan_changes
 from statebackend.spark.plan import KG_COL, KeySpec

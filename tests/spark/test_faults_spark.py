@@ -22,7 +22,7 @@ import pytest
 from harness import check_batches, random_batches, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
-from statebackend.recovery.restart import ExponentialDelay, ManualClock
+from statebackend.restart import ExponentialDelay, ManualClock
 from statebackend.storage.manifests import read_manifest
 from statebackend.supervisor import restore_counts, restore_report
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from nested_types import StoreAndReadBack, rows_of, same, schemas
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
-from statebackend.state.codec import compile_codec
-from statebackend.state.schema import parse_ddl
+from statebackend.keys.values import compile_codec
+from statebackend.model.schema import parse_ddl
 
 
 @settings(max_examples=300, deadline=None)

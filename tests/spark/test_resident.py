@@ -16,10 +16,10 @@ from collections import Counter
 import pytest
 from inproc import config, frames, run_task
 
-from statebackend.checkpoint.manifest import CompletedCheckpoint
+from statebackend.local import resident
+from statebackend.local.resident import resident_instances
 from statebackend.metrics import aggregate
-from statebackend.recovery import resident
-from statebackend.recovery.resident import resident_instances
+from statebackend.model.manifest import CompletedCheckpoint
 from statebackend.storage import open_store
 from statebackend.storage.manifests import list_published_manifests, operator_store
 
@@ -99,7 +99,7 @@ def test_an_instance_of_another_attempt_is_not_the_base(tmp_path):
     # Two attempts of batch 1 publish (speculation); the kept instance is the second's.
     # Batch 2 reuses it only if the deterministic choice is that attempt, else restores
     # the chosen one's local copy; the count is the same either way.
-    from statebackend.checkpoint.manifest import choose_manifest
+    from statebackend.model.manifest import choose_manifest
     from statebackend.storage import open_store
     from statebackend.storage.manifests import list_published_manifests, operator_store
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebackend.checkpoint.manifest import StateDescriptor
 from statebackend.errors import CorruptStateError, SchemaError, SchemaEvolutionError
-from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import key_group
-from statebackend.recovery.rescale import merge_global
+from statebackend.keys.grouping_key import encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.model.manifest import StateDescriptor
+from statebackend.restore.rescale import merge_global
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.spark.read_state import read_partition
 from statebackend.spark.vector import KeyedColumnState
@@ -340,27 +340,21 @@ def test_a_change_is_checked_against_every_earlier_version(env: Env) -> None:
         b.value_state("s", "a INT, b STRING")
 
 
-def test_states_written_before_schema_versions_keep_working(env: Env) -> None:
-    """A descriptor without schema_id (an older release): untagged values, read as
-    before; a schema change is refused with what to do."""
+def test_states_written_before_schema_versions_are_refused(env: Env) -> None:
+    """A descriptor without schema_id (a pre-release layout: values carry no id) is no
+    longer read: opening the state says which format it found and what to do."""
     import json
 
-    from statebackend.state.codec import compile_codec
-    from statebackend.state.schema import parse_ddl
+    from statebackend.errors import FormatVersionError
+    from statebackend.keys.values import compile_codec
+    from statebackend.model.schema import parse_ddl
 
     legacy = json.dumps({"name": "s", "kind": "value", "value_schema": "a INT",
                          "user_key_schema": None, "ttl_ms": None}).encode()
     env.inst.write({"_meta": {b"state/s": legacy},
                     "s": {K[0]: compile_codec(parse_ddl("a INT"), "x").encode((5,))}})
-    b = env.reopen()
-    s = b.value_state("s", "a INT")
-    b.set_current_key(K[0])
-    assert s.get() == (5,)
-    s.update((6,))
-    assert rows(b, "s") == [(None, (6,), None)]
-    b = env.reopen()
-    with pytest.raises(SchemaEvolutionError, match="before schema versions"):
-        b.value_state("s", "a BIGINT")
+    with pytest.raises(FormatVersionError, match="pre-release.*state 's'|state 's'.*pre-release"):
+        env.reopen()
 
 
 def test_unknown_schema_id_is_corrupt_state() -> None:
@@ -445,7 +439,7 @@ def test_merging_descriptors_of_both_layouts_is_refused() -> None:
     assert merge_descriptors(d, d) is d
     assert merge_descriptors(d, legacy) is None and merge_descriptors(legacy, d) is None
     assert merge_meta_entry(b"timer_service", b"rocksdb", b"heap") == b"rocksdb"
-    with pytest.raises(IncompatibleStateError, match="without schema ids in some partitions"):
+    with pytest.raises(IncompatibleStateError, match="pre-release"):  # FormatVersionError
         merge_meta_entry(b"state/s", descriptor_json(d), descriptor_json(legacy))
     assert NO_EXPIRY == (1 << 63) - 1
 
@@ -565,7 +559,7 @@ def test_any_sequence_of_compatible_changes_reads_everything_back(
 def test_default_clause_parses_round_trips_and_is_checked() -> None:
     from pyspark.sql.types import IntegerType, StructField, StructType
 
-    from statebackend.state.schema import parse_ddl, to_schema
+    from statebackend.model.schema import parse_ddl, to_schema
 
     s = parse_ddl("a INT DEFAULT -3, b STRING NOT NULL DEFAULT 'it\\'s', c BOOLEAN DEFAULT TRUE,"
                   " d DECIMAL(5,2) DEFAULT 1.5, e DOUBLE DEFAULT 2e3, f INT DEFAULT NULL")

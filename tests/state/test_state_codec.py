@@ -19,8 +19,8 @@ from pyspark.sql.types import (
 )
 
 from statebackend.errors import SchemaError
-from statebackend.state.codec import RowCodec, decode_varint, encode_varint
-from statebackend.state.schema import parse_ddl, to_schema
+from statebackend.keys.values import RowCodec, decode_varint, encode_varint
+from statebackend.model.schema import parse_ddl, to_schema
 
 ALL = ("s STRING, b BINARY, f BOOLEAN, t TINYINT, sm SMALLINT, i INT, l BIGINT, "
        "r FLOAT, d DOUBLE, day DATE, ts TIMESTAMP, ntz TIMESTAMP_NTZ, dec DECIMAL(12,3), "

@@ -1,7 +1,7 @@
 """The batch paths of value state equal the per-row paths byte for byte.
 
 ``ValueState.get_many/put_many/delete_many``, the whole-column codec
-(:class:`statebackend.state.codec.FixedColumns`) and ``KeyedColumnState`` (map_in_pandas)
+(:class:`statebackend.keys.columns.FixedColumns`) and ``KeyedColumnState`` (map_in_pandas)
 against ``set_current_key`` + ``get/update/clear`` and the row codec: nulls, TTL, and the
 write/read caches before and after a flush.
 """
@@ -19,13 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statebackend.errors import SchemaError, StateBackendError, StateError
-from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import KeyGroupRange, key_group
+from statebackend.keys.columns import fixed_columns
+from statebackend.keys.grouping_key import encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.keys.ranges import KeyGroupRange
+from statebackend.keys.values import compile_codec
+from statebackend.model.schema import parse_ddl
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.spark.vector import STATE_NAME, KeyedColumnState
 from statebackend.state import KeyedStateBackend
-from statebackend.state.codec import compile_codec, fixed_columns
-from statebackend.state.schema import parse_ddl
 
 SETTINGS = settings(max_examples=15, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

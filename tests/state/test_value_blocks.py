@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statebackend._kernels import block_ids, unpack_block
 from statebackend.errors import CorruptStateError, IncompatibleStateError, SchemaError, StateError
-from statebackend.keycodec import encode_grouping_key
-from statebackend.keygroups import key_group
+from statebackend.keys.grouping_key import encode_grouping_key
+from statebackend.keys.groups import key_group
+from statebackend.keys.kernels import block_ids, unpack_block
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.savepoint.migrate import KeyRehasher
 from statebackend.spark.read_state import read_partition

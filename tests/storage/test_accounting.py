@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from statebackend.checkpoint import PartitionCheckpointer, StateDescriptor
+from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.coordinator import CheckpointCoordinator
 from statebackend.errors import StorageError
+from statebackend.model.manifest import StateDescriptor
 from statebackend.options import StateBackendOptions
 from statebackend.storage import FsspecStore, open_store
 from statebackend.storage.accounting import AccountingFileSystem, RequestCounts

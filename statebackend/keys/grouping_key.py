@@ -39,19 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels
-from ._kernels import KEY_GROUP_PREFIXES, NULL_FIELD, bytes_field, int_field
-from .errors import CorruptStateError, OptionsError, SchemaError
-from .keygroups import (
-    _INT_RANGES,
-    MAX_MAX_PARALLELISM,
-    SEED,
-    KeyGroupRange,
-    _check_arity,
-    check_max_parallelism,
-    column_specs,
-    to_internal,
-)
+from ..errors import CorruptStateError, OptionsError, SchemaError
+from . import kernels as _kernels
+from .groups import _INT_RANGES, SEED, _check_arity, column_specs, to_internal
+from .kernels import KEY_GROUP_PREFIXES, NULL_FIELD, bytes_field, int_field
+from .ranges import MAX_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 
 __all__ = [
     "KEY_GROUP_PREFIX_LEN",
@@ -132,7 +124,7 @@ def encode_grouping_key(values: Sequence[Any], types: Sequence[str], kg: int) ->
     types : sequence of str
         Spark type names of the key columns.
     kg : int
-        The key's key group (see :func:`statebackend.keygroups.key_group`).
+        The key's key group (see :func:`statebackend.keys.groups.key_group`).
 
     Returns
     -------
@@ -217,48 +209,55 @@ def decode_grouping_key(data: bytes, types: Sequence[str]) -> tuple[int, tuple, 
     kg = key_group_of(data)
     pos = KEY_GROUP_PREFIX_LEN
     out: list[Any] = []
-    n = len(data)
     for t in tags:
         if t in ("float", "double"):
-            if pos >= n:
-                raise CorruptStateError(f"truncated {t} field in key {bytes(data)!r}")
-            marker = data[pos]
-            pos += 1
-            if marker == 0:
-                out.append(None)
-                continue
-            width = 4 if t == "float" else 8
-            if marker != 1 or pos + width > n:
-                raise CorruptStateError(f"bad {t} field at byte {pos - 1} of key {bytes(data)!r}")
-            out.append(struct.unpack_from(">f" if width == 4 else ">d", data, pos)[0])
-            pos += width
-            continue
-        w, pos = _varint(data, pos)
-        if w == 0:
-            out.append(None)
-            continue
-        if t in ("string", "binary"):
-            size = w - 1
-            if pos + size > n:
-                raise CorruptStateError(f"truncated {t} field in key {bytes(data)!r}")
-            raw = bytes(data[pos:pos + size])
-            pos += size
-            if t == "string":
-                try:
-                    out.append(raw.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise CorruptStateError(f"string field is not UTF-8 ({exc}) in key "
-                                            f"{bytes(data)!r}") from None
-            else:
-                out.append(raw)
-            continue
-        z = w - 1
-        v = (z >> 1) ^ -(z & 1)  # zigzag back to signed
-        _, lo, hi = _INT_RANGES[t]
-        if not lo <= v <= hi:
-            raise CorruptStateError(f"{t} field {v} out of range in key {bytes(data)!r}")
-        out.append(_from_int(v, t))
+            v, pos = _decode_float(data, pos, t)
+        else:
+            v, pos = _decode_varint_field(data, pos, t)
+        out.append(v)
     return kg, tuple(out), pos
+
+
+def _decode_float(data: bytes, pos: int, t: str) -> tuple[Any, int]:
+    """A float/double field at ``pos``: marker byte (0 null, 1 value), then big-endian."""
+    n = len(data)
+    if pos >= n:
+        raise CorruptStateError(f"truncated {t} field in key {bytes(data)!r}")
+    marker = data[pos]
+    pos += 1
+    if marker == 0:
+        return None, pos
+    width = 4 if t == "float" else 8
+    if marker != 1 or pos + width > n:
+        raise CorruptStateError(f"bad {t} field at byte {pos - 1} of key {bytes(data)!r}")
+    return struct.unpack_from(">f" if width == 4 else ">d", data, pos)[0], pos + width
+
+
+def _decode_varint_field(data: bytes, pos: int, t: str) -> tuple[Any, int]:
+    """A field led by a varint ``w`` at ``pos``: 0 null; bytes of length ``w - 1`` for
+    strings and binary; ``zigzag(value) + 1`` for integer-like types."""
+    w, pos = _varint(data, pos)
+    if w == 0:
+        return None, pos
+    if t in ("string", "binary"):
+        size = w - 1
+        if pos + size > len(data):
+            raise CorruptStateError(f"truncated {t} field in key {bytes(data)!r}")
+        raw = bytes(data[pos:pos + size])
+        pos += size
+        if t == "binary":
+            return raw, pos
+        try:
+            return raw.decode("utf-8"), pos
+        except UnicodeDecodeError as exc:
+            raise CorruptStateError(f"string field is not UTF-8 ({exc}) in key "
+                                    f"{bytes(data)!r}") from None
+    z = w - 1
+    v = (z >> 1) ^ -(z & 1)  # zigzag back to signed
+    _, lo, hi = _INT_RANGES[t]
+    if not lo <= v <= hi:
+        raise CorruptStateError(f"{t} field {v} out of range in key {bytes(data)!r}")
+    return _from_int(v, t), pos
 
 
 def encode_keys_with_groups(columns: Sequence[Any], types: Sequence[str],
@@ -299,7 +298,7 @@ def encode_grouping_keys(columns: Sequence[Any], types: Sequence[str],
     types : sequence of str
         Spark type names of the key columns.
     key_groups : numpy.ndarray
-        The key group of every row (e.g. from :func:`statebackend.keygroups.key_groups`).
+        The key group of every row (e.g. from :func:`statebackend.keys.groups.key_groups`).
 
     Returns
     -------

@@ -23,22 +23,30 @@ bytes), which map-state user keys rely on.
 from __future__ import annotations
 
 import datetime as _dt
-import decimal
 import struct
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from .._kernels import split_fixed
 from ..errors import SchemaError
-from .schema import DataType, Schema
+from ..model.schema import DataType, Schema
+from .scalars import (
+    _EPOCH,
+    _EPOCH_ORDINAL,
+    _Bad,
+    _decimal_decoder,
+    _decimal_encoder,
+    _describe,
+    _from_days,
+    _from_micros,
+    _to_binary,
+    _to_bool,
+    _to_days,
+    _to_micros,
+    _to_utf8,
+)
 
-__all__ = ["RowCodec", "compile_codec", "encode_varint", "decode_varint", "FixedColumns",
-           "fixed_columns"]
+__all__ = ["RowCodec", "compile_codec", "encode_varint", "decode_varint"]
 
-_EPOCH = _dt.datetime(1970, 1, 1)
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 _FIXED = {"boolean": "?", "tinyint": "b", "smallint": "h", "int": "i", "bigint": "q",
           "float": "f", "double": "d", "date": "i", "timestamp": "q", "timestamp_ntz": "q"}
 _BITMAP = {1: "B", 2: "H", 4: "I", 8: "Q"}
@@ -71,106 +79,6 @@ def decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return result, pos
         shift += 7
-
-
-# --- scalar conversions (also used by arrays and error diagnosis) -----------------------
-
-
-class _Bad(Exception):
-    """Internal: a value does not fit its type (message says what was expected)."""
-
-
-def _describe(v: Any) -> str:
-    r = repr(v)
-    return f"{type(v).__name__} {r[:40] + '...' if len(r) > 40 else r}"
-
-
-def _to_bool(v: Any) -> bool:
-    if v.__class__ is bool:
-        return v
-    dtype = getattr(v, "dtype", None)  # numpy.bool_
-    if dtype is not None and getattr(dtype, "kind", "") == "b":
-        return bool(v)
-    raise _Bad(f"expected a bool, got {_describe(v)}")
-
-
-def _to_days(v: Any) -> int:
-    if isinstance(v, _dt.datetime):
-        v = v.date()
-    if isinstance(v, _dt.date):
-        return v.toordinal() - _EPOCH_ORDINAL
-    raise _Bad(f"expected a datetime.date, got {_describe(v)}")
-
-
-def _to_micros(v: Any) -> int:
-    if not isinstance(v, _dt.datetime):
-        raise _Bad(f"expected a datetime.datetime, got {_describe(v)}")
-    if v.tzinfo is not None:
-        # Aware datetimes become the worker's local wall clock, which is what PySpark
-        # itself returns for TimestampType; naive ones are stored exactly as given.
-        v = v.astimezone().replace(tzinfo=None)
-    td = v - _EPOCH
-    return (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
-
-
-def _from_days(d: int) -> _dt.date:
-    return _dt.date.fromordinal(d + _EPOCH_ORDINAL)
-
-
-def _from_micros(us: int) -> _dt.datetime:
-    return _EPOCH + _dt.timedelta(microseconds=us)
-
-
-def _to_utf8(v: Any) -> bytes:
-    if isinstance(v, str):
-        if hasattr(v, "tolist"):
-            # a numpy string scalar: its Python value, as Spark's client takes it
-            # (numpy drops trailing NUL characters there)
-            v = v.tolist()
-        try:
-            return v.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise _Bad(f"string is not valid unicode ({exc.reason})") from None
-    raise _Bad(f"expected a str, got {_describe(v)}")
-
-
-def _to_binary(v: Any) -> bytes:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v)
-    raise _Bad(f"expected bytes, got {_describe(v)}")
-
-
-#: Decimal arithmetic wide enough for DECIMAL(38, s) whatever the thread's context says
-#: (Python's default precision is 28 digits: it would round or refuse wider values).
-_DECIMAL_CONTEXT = decimal.Context(prec=80, Emax=999_999, Emin=-999_999)
-
-
-def _decimal_encoder(precision: int, scale: int) -> Callable[[Any], bytes]:
-    ctx = _DECIMAL_CONTEXT
-    quantum = decimal.Decimal(1).scaleb(-scale, context=ctx)
-    limit = 10 ** precision
-
-    def enc(v: Any) -> bytes:
-        if isinstance(v, bool) or not isinstance(v, (decimal.Decimal, int)):
-            raise _Bad(f"expected a decimal.Decimal, got {_describe(v)}")
-        d = decimal.Decimal(v)
-        if not d.is_finite():
-            raise _Bad(f"decimal {v} is not finite")
-        q = d.quantize(quantum, rounding=decimal.ROUND_HALF_UP, context=ctx)
-        unscaled = int(q.scaleb(scale, context=ctx))
-        if abs(unscaled) >= limit:
-            raise _Bad(f"{v} does not fit DECIMAL({precision},{scale})")
-        return unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
-
-    return enc
-
-
-def _decimal_decoder(scale: int) -> Callable[[bytes], decimal.Decimal]:
-    ctx = _DECIMAL_CONTEXT
-
-    def dec(b: bytes) -> decimal.Decimal:
-        return decimal.Decimal(int.from_bytes(b, "big", signed=True)).scaleb(-scale, context=ctx)
-    return dec
 
 
 def _checked_fixed(t: DataType) -> Callable[[Any], Any]:
@@ -474,8 +382,7 @@ class RowCodec:
 
     def _compile(self) -> None:
         fields = self.schema.fields
-        n = len(fields)
-        nb = (n + 7) // 8
+        nb = (len(fields) + 7) // 8
         bitmap_fmt = _BITMAP.get(nb)
         fixed_idx = [i for i, f in enumerate(fields) if f.type.name in _FIXED]
         var_idx = [i for i, f in enumerate(fields) if f.type.name not in _FIXED]
@@ -494,31 +401,46 @@ class RowCodec:
             "_datetime": _dt.datetime, "_EPOCH_ORDINAL": _EPOCH_ORDINAL, "_EPOCH": _EPOCH,
             "_timedelta": _dt.timedelta, "_int_from_bytes": int.from_bytes,
         }
-        args = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+        enc = self._encoder_lines(ns, nb, bitmap_fmt, fixed_idx, var_idx)
+        dec = self._decoder_lines(ns, bitmap_fmt, fixed_idx, var_idx)
+        src = "\n".join(enc) + "\n\n" + "\n".join(dec) + "\n"
+        # Generated from the schema only (field indexes and type tags), never from data.
+        exec(compile(src, f"<codec {self.label}>", "exec"), ns)  # noqa: S102
+        self.encode = ns["encode"]
+        self.decode = ns["decode"]
+        self.source = src
+
+    def _args(self) -> str:
+        n = len(self.schema.fields)
+        return ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+
+    def _encoder_lines(self, ns: dict[str, Any], nb: int, bitmap_fmt: str | None,
+                       fixed_idx: list[int], var_idx: list[int]) -> list[str]:
+        """Source of ``encode``: per-field conversion, one ``_pack``, then the tail."""
+        fields = self.schema.fields
         enc = ["def encode(v):",
                "    if v.__class__ is not tuple:",
                "        v = _self._normalize(v)",
-               f"    if len(v) != {n}:",
+               f"    if len(v) != {len(fields)}:",
                "        raise _self._arity(v)",
-               f"    {args} = v",
+               f"    {self._args()} = v",
                "    bits = 0"]
         for i, f in enumerate(fields):
             t = f.type.name
-            m = 1 << i
             enc.append(f"    if a{i} is None:")
             if f.nullable:
-                enc.append(f"        bits |= {m}")
+                enc.append(f"        bits |= {1 << i}")
                 if t in _FIXED:
                     enc.append(f"        a{i} = 0")
             else:
                 enc.append(f"        raise _self._error({i}, 'is None but the field is NOT NULL')")
             enc.append("    else:")
-            body = self._encode_body(i, t, ns)
-            enc.extend("        " + line for line in body)
+            enc.extend("        " + line for line in self._encode_body(i, t, ns))
         bits_expr = "bits" if bitmap_fmt else f"bits.to_bytes({nb}, 'little')"
         fixed_args = "".join(f", a{i}" for i in fixed_idx)
+        tag = f"{self.tag}, " if self.tag is not None else ""
         enc += ["    try:",
-                f"        out = _pack({f'{self.tag}, ' if tagged else ''}{bits_expr}{fixed_args})",
+                f"        out = _pack({tag}{bits_expr}{fixed_args})",
                 "    except (_struct_error, TypeError, OverflowError) as exc:",
                 "        raise _self._diagnose(v, exc) from None"]
         for i in var_idx:
@@ -526,10 +448,14 @@ class RowCodec:
                     f"        ln = len(a{i})",
                     f"        out += (_VL[ln] if ln < 128 else _varint(ln)) + a{i}"]
         enc.append("    return out")
+        return enc
 
-        dec = ["def decode(buf):"]
+    def _decoder_lines(self, ns: dict[str, Any], bitmap_fmt: str | None,
+                       fixed_idx: list[int], var_idx: list[int]) -> list[str]:
+        """Source of ``decode``: one ``_unpack_from``, the variable tail, then nulls."""
+        fields = self.schema.fields
         head = ", ".join(["bits"] + [f"a{i}" for i in fixed_idx]) + ","
-        dec.append(f"    {head} = _unpack_from(buf, 0)")
+        dec = ["def decode(buf):", f"    {head} = _unpack_from(buf, 0)"]
         if not bitmap_fmt:
             dec.append("    bits = _int_from_bytes(bits, 'little')")
         if var_idx:
@@ -562,13 +488,8 @@ class RowCodec:
             dec.append("    if bits:")
             for i in nullable_fixed:
                 dec.append(f"        if bits & {1 << i}: a{i} = None")
-        dec.append(f"    return ({args})")
-        src = "\n".join(enc) + "\n\n" + "\n".join(dec) + "\n"
-        # Generated from the schema only (field indexes and type tags), never from data.
-        exec(compile(src, f"<codec {self.label}>", "exec"), ns)  # noqa: S102
-        self.encode = ns["encode"]
-        self.decode = ns["decode"]
-        self.source = src
+        dec.append(f"    return ({self._args()})")
+        return dec
 
     def _encode_body(self, i: int, t: str, ns: dict[str, Any]) -> list[str]:
         """Per-field conversion of a non-None value to what ``_pack`` or the tail takes."""
@@ -619,115 +540,3 @@ def compile_codec(schema: Schema, label: str, tag: int | None = None) -> RowCode
     """Compile the codec of ``schema``; errors will name ``label``; ``tag``: see
     :class:`RowCodec`."""
     return RowCodec(schema, label, tag)
-
-
-# --- whole columns of all-fixed-width rows (numpy) ----------------------------------------
-
-#: numpy codes of the fixed-width types a column can be packed from without conversion.
-_NUMPY_FIXED = {"boolean": "?", "tinyint": "<i1", "smallint": "<i2", "int": "<i4",
-                "bigint": "<i8", "float": "<f4", "double": "<f8"}
-_NUMPY_BITMAP = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
-
-
-class FixedColumns:
-    """Whole-column encode/decode for a schema whose fields are all numeric or boolean.
-
-    Such rows are exactly ``struct.pack("<" + bitmap + fields)``, so a numpy structured
-    dtype with the same packed layout encodes and decodes a whole column at once, giving
-    the same bytes as :attr:`RowCodec.encode` row by row. Both methods return None when
-    the input is not one they can handle *exactly* (then the caller uses the row codec,
-    which also gives the precise errors).
-
-    Parameters
-    ----------
-    schema : Schema
-        A schema for which :func:`fixed_columns` returned this object.
-    """
-
-    def __init__(self, schema: Schema, tag: int | None = None) -> None:
-        fields = schema.fields
-        nb = (len(fields) + 7) // 8
-        self.schema = schema
-        self.tag = tag
-        self.names = list(schema.names)
-        self.types = [f.type.name for f in fields]
-        self.nullable = [f.nullable for f in fields]
-        self.dtype = np.dtype(([("__tag", "<u2")] if tag is not None else []) + [
-            ("__bits", _NUMPY_BITMAP[nb])] + [
-            (f"f{i}", _NUMPY_FIXED[t]) for i, t in enumerate(self.types)])
-        self.size = self.dtype.itemsize
-
-    def encode(self, columns: list[Any]) -> list[bytes] | None:
-        """Encoded rows of ``columns`` (one numpy array per field, no nulls), or None."""
-        n = len(columns[0]) if columns else 0
-        rec = np.zeros(n, dtype=self.dtype)
-        for i, (col, t) in enumerate(zip(columns, self.types)):
-            arr = np.asarray(col)
-            if arr.ndim != 1 or len(arr) != n:
-                return None
-            kind = arr.dtype.kind
-            if t == "boolean":
-                if kind != "b":
-                    return None
-            elif t in ("float", "double"):
-                # struct packs ints and bools as floats too, but refuses overflow to inf.
-                if kind not in "iufb":
-                    return None
-                if t == "float" and kind == "f":
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        narrowed = arr.astype(np.float32)
-                    if (np.isinf(narrowed) & ~np.isinf(arr)).any():
-                        return None
-            else:
-                if kind not in "iu":
-                    return None
-                info = np.iinfo(_NUMPY_FIXED[t])
-                if n and (int(arr.min()) < info.min or int(arr.max()) > info.max):
-                    return None
-            rec[f"f{i}"] = arr
-        if self.tag is not None:
-            rec["__tag"] = self.tag
-        return split_fixed(rec.tobytes(), self.size)
-
-    def decode(self, payloads: list[bytes | None]) -> list[tuple[np.ndarray, np.ndarray]] | None:
-        """``(values, null mask)`` per field of the rows (None payload: all fields null).
-
-        Returns None when a payload does not have this schema's fixed size.
-        """
-        n = len(payloads)
-        # C-level passes (a payload is never empty: it holds at least the null bitmap).
-        live = list(filter(None, payloads))
-        if len(live) == n:
-            present = np.ones(n, dtype=bool)
-        else:
-            present = np.fromiter(map(bool, payloads), dtype=bool, count=n)
-            if int(present.sum()) != len(live):  # an empty payload: not this codec's
-                return None
-        s = self.size
-        if live and set(map(len, live)) != {s}:
-            return None
-        buf = b"".join(live)
-        rec = np.frombuffer(buf, dtype=self.dtype)
-        if self.tag is not None and len(rec) and not (rec["__tag"] == self.tag).all():
-            return None  # rows of another schema version: the row path reads them
-        bits = rec["__bits"].astype(np.uint64)
-        out = []
-        for i in range(len(self.types)):
-            vals = np.zeros(n, dtype=self.dtype[f"f{i}"].newbyteorder("="))
-            vals[present] = rec[f"f{i}"]
-            null = ~present
-            if self.nullable[i]:
-                null[present] |= (bits >> np.uint64(i)) & np.uint64(1) == 1
-            out.append((vals, null))
-        return out
-
-
-def fixed_columns(schema: Schema, tag: int | None = None) -> FixedColumns | None:
-    """The whole-column codec of ``schema`` (rows tagged with ``tag``, as
-    :class:`RowCodec`), or None unless all its fields are numeric or boolean (and there
-    are at most 64 of them)."""
-    nb = (len(schema.fields) + 7) // 8
-    if not schema.fields or nb not in _NUMPY_BITMAP or any(
-            f.type.name not in _NUMPY_FIXED for f in schema.fields):
-        return None
-    return FixedColumns(schema, tag)

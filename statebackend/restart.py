@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..options import StateBackendOptions
+    from .options import StateBackendOptions
 
 __all__ = [
     "Clock",

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..checkpoint.manifest import FileEntry, PartitionManifest, check_component
+from ..model.manifest import FileEntry, PartitionManifest, check_component
 from ..storage.checksum import file_crc32
 
 INFLIGHT_SUFFIX = ".inflight"  # statebackend.checkpoint.materialize marks uploads with it
@@ -72,7 +72,7 @@ class LocalRecovery:
     working_dir_name : str
         Name of the working directory in the partition directory: ``work`` for an instance
         closed at the end of each task; a name of its own for an instance kept open
-        between tasks (:mod:`statebackend.recovery.resident`), which no other process
+        between tasks (:mod:`statebackend.local.resident`), which no other process
         may replace while it is open.
     """
 

@@ -1,6 +1,6 @@
 """The hot-path kernels: compiled (``statebackend._native``) or their pure-Python twins.
 
-Two kernels work on whole columns that :mod:`statebackend.keygroups` has already turned
+Two kernels work on whole columns that :mod:`statebackend.keys.groups` has already turned
 into *column specs* (plain tuples of numpy arrays and lists, so the C side needs no numpy
 headers):
 
@@ -20,7 +20,7 @@ headers):
 
 ``encode_keys(columns, key_groups)``
     The RocksDB key prefix of every row: the key group as 2 bytes big-endian, then each
-    column's field (see :mod:`statebackend.keycodec` for the layout). Column specs::
+    column's field (see :mod:`statebackend.keys.grouping_key` for the layout). Column specs::
 
         ("int", int64 array, mask | None)      zig-zag LEB128 varint of v, plus one; 0 = null
         ("f32", uint32 bits, mask | None)      0x00 = null, else 0x01 + 4 bytes big-endian
@@ -30,7 +30,7 @@ headers):
 A ``mask`` is a ``bool`` array, True where the value is present.
 
 ``split_fixed(buffer, width)`` cuts a buffer of fixed-width encoded rows (see
-:class:`statebackend.state.codec.FixedColumns`) into one bytes object per row.
+:class:`statebackend.keys.columns.FixedColumns`) into one bytes object per row.
 
 Four kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
 layout of :class:`statebackend.spark.vector.KeyedColumnState`)::
@@ -506,7 +506,7 @@ def _load_native() -> tuple[ModuleType | None, bool]:
     """(the compiled module or None, whether the names below should use it)."""
     forced_off = os.environ.get("STATEBACKEND_NO_NATIVE", "") not in ("", "0")
     try:
-        from . import _native as mod  # type: ignore[attr-defined]
+        from .. import _native as mod  # type: ignore[attr-defined]
     except ImportError as exc:
         if not forced_off:  # forcing the twins is an explicit choice: nothing to warn about
             # Import runs once per process, so this warns once per process.

@@ -50,9 +50,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..checkpoint.manifest import PartitionManifest
+from ..model.manifest import PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
-from .local import MARKER_SUFFIX, LocalRecovery, atomic_write, pid_alive, read_clean_marker
+from .disk import MARKER_SUFFIX, LocalRecovery, atomic_write, pid_alive, read_clean_marker
 
 log = logging.getLogger(__name__)
 

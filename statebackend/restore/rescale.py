@@ -32,17 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..checkpoint.checkpointer import PartitionCheckpointer
-from ..checkpoint.manifest import CompletedCheckpoint, PartitionManifest
 from ..checkpoint.restore import open_checkpoint, replay_changelogs
 from ..errors import IncompatibleStateError
-from ..keycodec import key_group_bounds
-from ..keygroups import KeyGroupRange, key_group_range, rescale_sources
+from ..keys.grouping_key import key_group_bounds
+from ..keys.ranges import KeyGroupRange, key_group_range, rescale_sources
+from ..local.disk import LocalCopyError, LocalRecovery
+from ..model.manifest import CompletedCheckpoint, PartitionManifest
 from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.reader import SavepointReader, check_max_parallelism
 from ..savepoint.writer import GLOBAL_COLUMN_FAMILIES
 from ..state.evolution import merge_meta_entry
 from ..storage.manifests import read_recorded_manifests
-from .local import LocalCopyError, LocalRecovery
 
 __all__ = [
     "RescaleMetrics",
@@ -197,18 +197,10 @@ def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheck
         ``max_parallelism`` differs from the record's.
     """
     t0 = time.perf_counter()
-    check_max_parallelism(record.max_parallelism, max_parallelism,
-                          f"checkpoint {record.checkpoint_id} of operator {record.operator_id!r}")
     p = checkpointer.partition
     target = key_group_range(p, parallelism, max_parallelism)
-    sources = rescale_sources(p, parallelism, record.parallelism, max_parallelism)
-    missing = [q for q, _ in sources if q not in record.manifests]
-    if missing:
-        raise IncompatibleStateError(f"checkpoint {record.checkpoint_id} has no partitions "
-                                     f"{missing} of its parallelism {record.parallelism}")
-    # Largest overlap first; ties go to the lower old partition (deterministic).
-    ordered = sorted(sources, key=lambda s: (-len(s[1]), s[0]))
-    manifests = read_recorded_manifests(checkpointer.store, record, [q for q, _ in sources])
+    ordered = _ordered_sources(record, p, parallelism, max_parallelism)
+    manifests = read_recorded_manifests(checkpointer.store, record, sorted(q for q, _ in ordered))
     base_q = ordered[0][0]
     instance, base_metrics = checkpointer.restore(manifests[base_q])
     metrics = RescaleMetrics(p, (target.start, target.end), "rescaled_checkpoint", base_q,
@@ -217,17 +209,8 @@ def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheck
     try:
         clip_to_range(instance, target, max_parallelism)
         for q, overlap in ordered[1:]:
-            scratch = checkpointer.local.fresh_dir()
-            try:
-                src = _open_source(checkpointer, manifests[q], scratch, open_instance,
-                                   local_root)
-                try:
-                    metrics.entries_copied += copy_key_groups(src, instance, overlap)
-                    merge_global(src, instance)
-                finally:
-                    src.close()
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+            metrics.entries_copied += _copy_from(checkpointer, manifests[q], overlap,
+                                                 instance, open_instance, local_root)
             metrics.copied_from.append(q)
     except BaseException:
         instance.close()
@@ -239,6 +222,38 @@ def restore_rescaled(checkpointer: PartitionCheckpointer, record: CompletedCheck
              record.parallelism, base_q, metrics.entries_copied, metrics.copied_from,
              metrics.seconds)
     return instance, metrics, [manifests[q] for q, _ in ordered]
+
+
+def _ordered_sources(record: CompletedCheckpoint, partition: int, parallelism: int,
+                     max_parallelism: int) -> list[tuple[int, KeyGroupRange]]:
+    """The old partitions (with their overlap) that new ``partition`` takes key groups
+    from, largest overlap first; ties go to the lower old partition (deterministic)."""
+    check_max_parallelism(record.max_parallelism, max_parallelism,
+                          f"checkpoint {record.checkpoint_id} of operator {record.operator_id!r}")
+    sources = rescale_sources(partition, parallelism, record.parallelism, max_parallelism)
+    missing = [q for q, _ in sources if q not in record.manifests]
+    if missing:
+        raise IncompatibleStateError(f"checkpoint {record.checkpoint_id} has no partitions "
+                                     f"{missing} of its parallelism {record.parallelism}")
+    return sorted(sources, key=lambda s: (-len(s[1]), s[0]))
+
+
+def _copy_from(checkpointer: PartitionCheckpointer, m: PartitionManifest,
+               overlap: KeyGroupRange, instance: RocksDBInstance,
+               open_instance: Callable[[str], RocksDBInstance], local_root: str) -> int:
+    """Copy the key groups ``overlap`` (and the global entries) of the old partition whose
+    manifest is ``m`` into ``instance``, through a scratch instance; the entries copied."""
+    scratch = checkpointer.local.fresh_dir()
+    try:
+        src = _open_source(checkpointer, m, scratch, open_instance, local_root)
+        try:
+            copied = copy_key_groups(src, instance, overlap)
+            merge_global(src, instance)
+        finally:
+            src.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return copied
 
 
 def restore_from_savepoint(checkpointer: PartitionCheckpointer, reader: SavepointReader,

@@ -31,9 +31,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import CorruptStateError, UnsafePathError
+from ..errors import CorruptStateError, FormatVersionError, UnsafePathError
 
-FORMAT_VERSION = 1
+# Format of manifests and completed-checkpoint records. 2: the readers stopped accepting the
+# pre-release layouts that format 1 files may hold (records without manifest digests, state
+# values without schema ids, changelogs without their span); a format-1 file is refused
+# with FormatVersionError (docs/formats.md, "Format versions").
+FORMAT_VERSION = 2
 MANIFEST_NAME = "_MANIFEST.json"
 MATERIALIZED_NAME = "_MATERIALIZED.json"
 MATERIALIZED_PREFIX = "m-"
@@ -145,8 +149,7 @@ class StateDescriptor:
     ``schema_id`` is the id of the current schema version (``value_schema`` with or
     without a TTL), which every value written under it starts with; ``history`` holds
     the earlier versions as ``(id, value_schema, has_ttl)``, sorted by id (see
-    :mod:`statebackend.state.evolution`). A descriptor without ``schema_id`` predates
-    schema versions: its values carry no id.
+    :mod:`statebackend.state.evolution`). Only ``timers`` has no ``schema_id``.
     """
 
     name: str
@@ -303,10 +306,7 @@ class PartitionManifest:
     def from_json(cls, text: str | bytes, where: str = "<manifest>") -> PartitionManifest:
         try:
             d = json.loads(text)
-            if d.get("format_version") != FORMAT_VERSION:
-                raise CorruptStateError(
-                    f"{where}: manifest format {d.get('format_version')!r} is not supported "
-                    f"(this version reads {FORMAT_VERSION})", path=where)
+            _check_format(d, "manifest", where)
             d.pop("full_size", None)
             d.pop("incremental_size", None)
             d["files"] = tuple(FileEntry(**f) for f in d["files"])
@@ -314,7 +314,7 @@ class PartitionManifest:
             d["materialization"] = _ref(d.get("materialization"))
             d["pending_materialization"] = _ref(d.get("pending_materialization"))
             return cls(**d)
-        except CorruptStateError:
+        except (CorruptStateError, FormatVersionError):
             raise
         except UnsafePathError:
             raise
@@ -416,18 +416,25 @@ class CompletedCheckpoint:
     def from_json(cls, text: str | bytes, where: str = "<record>") -> CompletedCheckpoint:
         try:
             d = json.loads(text)
-            if d.get("format_version") != FORMAT_VERSION:
-                raise CorruptStateError(f"{where}: record format {d.get('format_version')!r} "
-                                        f"is not supported", path=where)
+            _check_format(d, "completed-checkpoint record", where)
             d["manifests"] = {int(k): check_relative(v) for k, v in d["manifests"].items()}
-            d["manifest_digests"] = {int(k): str(v)
-                                     for k, v in d.get("manifest_digests", {}).items()}
+            d["manifest_digests"] = {int(k): str(v) for k, v in d["manifest_digests"].items()}
             return cls(**d)
-        except CorruptStateError:
+        except (CorruptStateError, FormatVersionError):
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"{where}: completed-checkpoint record is truncated or "
                                     f"malformed ({exc})", path=where) from exc
+
+
+def _check_format(d: Any, what: str, where: str) -> None:
+    version = d.get("format_version") if isinstance(d, dict) else None
+    if version == FORMAT_VERSION:
+        return
+    if isinstance(version, int) and 0 < version < FORMAT_VERSION:
+        raise FormatVersionError(where, what, version, FORMAT_VERSION)
+    raise CorruptStateError(f"{where}: {what} format {version!r} is not supported (this "
+                            f"version reads {FORMAT_VERSION})", path=where)
 
 
 def manifest_digest(raw: bytes) -> str:

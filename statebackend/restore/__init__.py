@@ -1,0 +1,1 @@
+"""Restores that need more than one checkpoint: rescaling from another parallelism."""
