@@ -108,7 +108,7 @@ def spark_session(master: str, partitions: int):
     return spark
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m statebackend.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="demo-state", help="working directory of the demo (default ./demo-state)")
     ap.add_argument("--state-url", default=None, help="checkpoint location of the state (any fsspec URL; default <dir>/state)")
@@ -118,7 +118,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--fresh", action="store_true", help="delete the demo directory first")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _batch_printer(backend, started: float):
+    """``print_new_batches(query)``: one line per committed micro-batch not printed yet,
+    printed by the waiting (main) thread."""
+    printed: set[int] = set()
+
+    def print_new_batches(query) -> None:
+        for p in sorted(query.recentProgress, key=lambda p: p.batchId):
+            if p.batchId not in printed and p.numInputRows > 0:
+                printed.add(p.batchId)
+                # the listener may not have run yet; a progress event means Spark
+                # committed the micro-batch
+                backend.complete("running-totals", up_to=p.batchId)
+                print(progress_line(backend, p.batchId, p.sink.numOutputRows, started),
+                      flush=True)
+    return print_new_batches
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
     from statebackend.spark.listener import release
@@ -149,18 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "Update", "None", operator_id="running-totals")
     output_dir = os.path.join(base, "output")
     started = time.perf_counter()
-    printed: set[int] = set()
-
-    def print_new_batches(query) -> None:
-        # one line per committed micro-batch, printed by the waiting (main) thread
-        for p in sorted(query.recentProgress, key=lambda p: p.batchId):
-            if p.batchId not in printed and p.numInputRows > 0:
-                printed.add(p.batchId)
-                # the listener may not have run yet; a progress event means Spark
-                # committed the micro-batch
-                backend.complete("running-totals", up_to=p.batchId)
-                print(progress_line(backend, p.batchId, p.sink.numOutputRows, started),
-                      flush=True)
+    print_new_batches = _batch_printer(backend, started)
 
     with InterruptGuard() as guard:
         # A file sink, not foreachBatch: the batch's Spark jobs then run in Spark's own

@@ -440,3 +440,27 @@ def test_error_carries_the_refused_value() -> None:
         S.from_dict({"bogus_option_name": 1})
     assert ui.value.value == 1
     assert "Did you mean" not in str(ui.value)  # nothing close: no made-up suggestion
+
+
+def test_docs_reference_is_generated_from_the_declarations() -> None:
+    # docs/options.md's option reference and the class docstring come from the field
+    # declarations alone; refresh the file with
+    # `python -m statebackend.options --write docs/options.md`.
+    from statebackend.options.docs import markdown, replace_reference
+
+    text = DOCS.read_text()
+    assert replace_reference(text, markdown(dataclasses.fields(S))) == text, (
+        "docs/options.md is stale: run python -m statebackend.options --write docs/options.md")
+    for f in dataclasses.fields(S):
+        assert f"{f.name} : " in (S.__doc__ or ""), f.name
+
+
+def test_sections_cover_every_option_once() -> None:
+    sections = S.sections()
+    names = [n for section in sections.values() for n in section]
+    assert sorted(names) == sorted(S.field_names())
+    assert set(S().section("rocksdb")) == set(sections["rocksdb"])
+    assert S(memory_budget="1g").section("rocksdb")["memory_budget"] == 1 << 30
+    assert all(S.spark_key(n).startswith(P + "rocksdb.") for n in sections["rocksdb"])
+    with pytest.raises(OptionsError):
+        S().section("bogus")

@@ -62,7 +62,7 @@ from ..storage.base import DurableStore
 from ..storage.manifests import operator_store
 from .format import SAVEPOINT_MANIFEST, SavepointManifest, data_file_name
 from .reader import SavepointReader
-from .writer import GLOBAL_COLUMN_FAMILIES, savepoint_dir, write_data_file
+from .writer import GLOBAL_COLUMN_FAMILIES, refuse_existing, savepoint_dir, write_data_file
 
 __all__ = ["KeyRehasher", "migrate_savepoint"]
 
@@ -261,6 +261,10 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
     """Write savepoint ``target`` holding the state of savepoint ``name`` rekeyed for
     ``new_max_parallelism``; the source is only read.
 
+    Long because this docstring documents the ten parameters of a public API; the body
+    is the order of the steps, each a helper (:func:`_migrate`, :func:`_rekey_into`,
+    :func:`_write_files`).
+
     Parameters
     ----------
     location : str or DurableStore
@@ -312,13 +316,7 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
         ``target`` exists, or an upload failed (nothing published).
     """
     t0 = time.perf_counter()
-    if isinstance(location, str):
-        from ..storage import open_store
-
-        root: DurableStore = open_store(location, storage_options=storage_options)
-    else:
-        root = location
-    op_store = operator_store(root, operator_id)
+    op_store = operator_store(_open_root(location, storage_options), operator_id)
     if target == name:
         raise StorageError(f"the migrated savepoint needs a new name: {name!r} is the source, "
                            f"and savepoints are never overwritten")
@@ -328,44 +326,67 @@ def migrate_savepoint(location: str | DurableStore, operator_id: str, name: str,
     check_parallelism(parallelism, new_max_parallelism)
     compression = compression or src.compression
     key_types = _key_types(src, key_types)
-    sp_dir = savepoint_dir(target)
-    if op_store.exists(f"{sp_dir}/{SAVEPOINT_MANIFEST}") or op_store.list_dir(sp_dir):
-        raise StorageError(f"savepoint {target!r} of operator {operator_id!r} already exists "
-                           f"under {sp_dir}; savepoints are never overwritten, pick another name")
-
+    refuse_existing(op_store, operator_id, target)
     scratch = tempfile.mkdtemp(prefix="sb-migrate-", dir=local_root)
     try:
-        inst = open_instance(os.path.join(scratch, "db"))
-        try:
-            keyed, global_entries = _rekey_into(reader, inst, key_types, new_max_parallelism,
-                                                progress)
-            files, totals = _write_files(inst, op_store, sp_dir, scratch, parallelism,
-                                         new_max_parallelism, src, compression, progress)
-        finally:
-            inst.close()
-        # Each file repeats the global column families; the rest must be a bijection.
-        written = totals["entries"] - len(files) * global_entries
-        if written != keyed:
-            raise CorruptStateError(f"migrating savepoint {name!r}: {keyed} keyed entries read "
-                                    f"but {written} written; two keys collided after rekeying")
-        metrics: dict[str, Any] = {
-            k: v for k, v in src.metrics.items()
-            if k in ("max_event_time_ms", "key_columns")}
-        metrics.update(totals, seconds=time.perf_counter() - t0, key_types=list(key_types),
-                       migrated_from={"savepoint": name, "max_parallelism": src.max_parallelism,
-                                      "parallelism": src.parallelism})
-        manifest = SavepointManifest(
-            name=target, operator_id=src.operator_id, checkpoint_id=src.checkpoint_id,
-            parallelism=parallelism, max_parallelism=new_max_parallelism,
-            compression=compression, files=files, states=src.states, metrics=metrics,
-            created_at_ms=int(time.time() * 1000))
+        manifest, keyed = _migrate(reader, op_store, name, target, scratch, key_types,
+                                   new_max_parallelism, parallelism, compression,
+                                   open_instance, progress)
+        manifest.metrics["seconds"] = time.perf_counter() - t0
         # Published last: a reader never sees a savepoint missing a file.
-        op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
+        op_store.put_bytes_atomic(f"{savepoint_dir(target)}/{SAVEPOINT_MANIFEST}",
+                                  manifest.to_json())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info("savepoint %s of %s migrated to %s: max_parallelism %d -> %d, %d entries",
              name, operator_id, target, src.max_parallelism, new_max_parallelism, keyed)
     return manifest
+
+
+def _open_root(location: str | DurableStore,
+               storage_options: dict[str, Any] | None) -> DurableStore:
+    if isinstance(location, str):
+        from ..storage import open_store
+
+        return open_store(location, storage_options=storage_options)
+    return location
+
+
+def _migrate(reader: SavepointReader, op_store: DurableStore, name: str, target: str,
+             scratch: str,
+             key_types: Sequence[str], new_max_parallelism: int, parallelism: int,
+             compression: str, open_instance: Callable[[str], RocksDBInstance],
+             progress: ProgressFn | None) -> tuple[SavepointManifest, int]:
+    """Rekey savepoint ``name`` (``reader``) into a scratch instance and upload its data files;
+    returns the manifest to publish (its ``seconds`` still to set) and the keyed entries."""
+    src = reader.manifest
+    inst = open_instance(os.path.join(scratch, "db"))
+    try:
+        keyed, global_entries = _rekey_into(reader, inst, key_types, new_max_parallelism,
+                                            progress)
+        files, totals = _write_files(inst, op_store, savepoint_dir(target), scratch,
+                                     parallelism, new_max_parallelism, src, compression,
+                                     progress)
+    finally:
+        inst.close()
+    # Each file repeats the global column families; the rest must be a bijection.
+    written = totals["entries"] - len(files) * global_entries
+    if written != keyed:
+        raise CorruptStateError(f"migrating savepoint {name!r}: {keyed} keyed entries "
+                                f"read but {written} written; two keys collided after "
+                                f"rekeying")
+    metrics: dict[str, Any] = {
+        k: v for k, v in src.metrics.items()
+        if k in ("max_event_time_ms", "key_columns")}
+    metrics.update(totals, seconds=0.0, key_types=list(key_types),
+                   migrated_from={"savepoint": name, "max_parallelism": src.max_parallelism,
+                                  "parallelism": src.parallelism})
+    manifest = SavepointManifest(
+        name=target, operator_id=src.operator_id, checkpoint_id=src.checkpoint_id,
+        parallelism=parallelism, max_parallelism=new_max_parallelism,
+        compression=compression, files=files, states=src.states, metrics=metrics,
+        created_at_ms=int(time.time() * 1000))
+    return manifest, keyed
 
 
 def _key_types(src: SavepointManifest, key_types: Sequence[str] | None) -> list[str]:

@@ -17,7 +17,8 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from ..checkpoint.restore import open_checkpoint
 from ..errors import CorruptStateError, StateBackendError, StorageError
@@ -64,8 +65,6 @@ SAVEPOINTS_DIR = "_savepoints"
 GLOBAL_COLUMN_FAMILIES = frozenset({"_meta"})
 """Column families whose keys do not start with a key group (the state layer's
 descriptors and timer-service marker): restored into every partition."""
-
-_BLOCK_TARGET = 1 << 20  # a key group larger than this is still one block: readers seek by key group
 
 
 def savepoint_dir(name: str) -> str:
@@ -116,38 +115,45 @@ def write_data_file(instance: RocksDBInstance, path: str, kg_range: KeyGroupRang
     t0 = time.perf_counter()
     compress(b"", compression)  # refuse an unknown compression before writing anything
     cfs = sorted(instance.column_family_names())
-    blocks: list[BlockInfo] = []
-    raw_total = stored_total = entries_total = 0
     with open(path, "wb") as out:
-        out.write(MAGIC)
-        offset = len(MAGIC)
-
-        def emit(cf_idx: int, kg: int, entries: list[tuple[bytes, bytes]]) -> None:
-            nonlocal offset, raw_total, stored_total, entries_total
-            raw, n = encode_block(entries)
-            stored = compress(raw, compression)
-            out.write(stored)
-            blocks.append(BlockInfo(cf_idx, kg, offset, len(stored), len(raw), n,
-                                    zlib.crc32(stored)))
-            offset += len(stored)
-            raw_total += len(raw)
-            stored_total += len(stored)
-            entries_total += n
-
+        w = _BlockWriter(out, compression)
         for i, cf in enumerate(cfs):
             if cf in GLOBAL_COLUMN_FAMILIES:
                 entries = list(instance.scan_range(cf, b"", None))
                 if entries:
-                    emit(i, GLOBAL_KEY_GROUP, entries)
+                    w.emit(i, GLOBAL_KEY_GROUP, entries)
         if not kg_range.is_empty:
-            _write_keyed(instance, cfs, kg_range, emit)
+            _write_keyed(instance, cfs, kg_range, w.emit)
         out.write(encode_footer(
             FileMeta(max_parallelism, kg_range.start, kg_range.end, compression, tuple(cfs),
-                     tuple(states)), blocks, offset))
+                     tuple(states)), w.blocks, w.offset))
         out.flush()
         os.fsync(out.fileno())
-    return FileStats(path, entries_total, raw_total, stored_total, len(blocks),
+    return FileStats(path, w.entries, w.raw_bytes, w.stored_bytes, len(w.blocks),
                      time.perf_counter() - t0)
+
+
+class _BlockWriter:
+    """Appends compressed blocks to a data file and indexes them."""
+
+    def __init__(self, out: BinaryIO, compression: str) -> None:
+        out.write(MAGIC)
+        self.out = out
+        self.compression = compression
+        self.offset = len(MAGIC)
+        self.blocks: list[BlockInfo] = []
+        self.raw_bytes = self.stored_bytes = self.entries = 0
+
+    def emit(self, cf_idx: int, kg: int, entries: list[tuple[bytes, bytes]]) -> None:
+        raw, n = encode_block(entries)
+        stored = compress(raw, self.compression)
+        self.out.write(stored)
+        self.blocks.append(BlockInfo(cf_idx, kg, self.offset, len(stored), len(raw), n,
+                                     zlib.crc32(stored)))
+        self.offset += len(stored)
+        self.raw_bytes += len(raw)
+        self.stored_bytes += len(stored)
+        self.entries += n
 
 
 def _write_keyed(instance: RocksDBInstance, cfs: list[str], kg_range: KeyGroupRange,
@@ -222,66 +228,97 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
     StorageError
         A savepoint of that name already exists, or an upload failed (nothing published).
     """
-    t0 = time.perf_counter()
-    op_store = operator_store(root, operator_id)
     from ..storage.records import require_completed_record
 
+    t0 = time.perf_counter()
+    op_store = operator_store(root, operator_id)
     record = require_completed_record(root, operator_id, checkpoint_id)
     name = name or f"sp-{record.checkpoint_id}-{int(time.time() * 1000)}"
     sp_dir = savepoint_dir(name)
-    if op_store.exists(f"{sp_dir}/{SAVEPOINT_MANIFEST}") or op_store.list_dir(sp_dir):
-        raise StorageError(f"savepoint {name!r} of operator {operator_id!r} already exists "
-                           f"under {sp_dir}; savepoints are never overwritten, pick another name")
+    refuse_existing(op_store, operator_id, name)
     scratch = tempfile.mkdtemp(prefix="sb-savepoint-", dir=local_root)
-    files: dict[str, dict] = {}
-    states: dict[str, StateDescriptor] = {}
-    raw = stored = entries = 0
-    key_info: dict[str, list[str]] = {}
-    done_bytes = 0
     try:
-        recorded = read_recorded_manifests(op_store, record)
-        for i, p in enumerate(sorted(record.manifests)):
-            m = recorded[p]
-            for k in ("key_columns", "key_types"):
-                # How grouping keys decode: a max_parallelism migration rehashes them.
-                if k not in key_info and m.metrics.get(k):
-                    key_info[k] = list(m.metrics[k])
-            rng = KeyGroupRange(m.key_group_start, m.key_group_end)
-            fname = data_file_name(rng.start, rng.end)
-            local_file = os.path.join(scratch, fname)
-            stats = _write_partition(op_store, m, scratch, local_file, rng, compression,
-                                     open_instance)
-            t = op_store.put_file(local_file, f"{sp_dir}/{fname}")
-            os.unlink(local_file)
-            files[fname] = {"key_group_start": rng.start, "key_group_end": rng.end,
-                            "size": t.size, "checksum": t.checksum, "partition": p,
-                            "entries": stats.entries}
-            for d in m.states:
-                # Partitions may know different schema versions of a state: keep them all.
-                states[d.name] = merge_descriptors(states.get(d.name, d), d) or \
-                    states.get(d.name, d)
-            raw += stats.raw_bytes
-            stored += stats.stored_bytes
-            entries += stats.entries
-            done_bytes += m.full_size
-            if progress is not None:
-                progress(i + 1, len(record.manifests), done_bytes, record.full_size)
-        manifest = SavepointManifest(
-            name=name, operator_id=operator_id, checkpoint_id=record.checkpoint_id,
-            parallelism=record.parallelism, max_parallelism=record.max_parallelism,
-            compression=compression, files=files,
-            states=tuple(states[k] for k in sorted(states)),
-            metrics={"entries": entries, "raw_bytes": raw, "stored_bytes": stored,
-                     "seconds": time.perf_counter() - t0,
-                     "max_event_time_ms": _max_event_time(op_store, record), **key_info},
-            created_at_ms=int(time.time() * 1000))
+        copied = _copy_partitions(op_store, record, sp_dir, scratch, compression,
+                                  open_instance, progress)
+        manifest = _manifest_of(op_store, record, operator_id, name, compression, copied, t0)
         # Published last (invariant 3): a reader never sees a savepoint missing a file.
         op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info("savepoint %s of %s from checkpoint %d: %d entries, %d -> %d bytes",
-             name, operator_id, record.checkpoint_id, entries, raw, stored)
+             name, operator_id, record.checkpoint_id, copied.entries, copied.raw,
+             copied.stored)
     return manifest
+
+
+def refuse_existing(op_store: DurableStore, operator_id: str, name: str) -> None:
+    """StorageError when savepoint ``name`` exists (savepoints are never overwritten)."""
+    sp_dir = savepoint_dir(name)
+    if op_store.exists(f"{sp_dir}/{SAVEPOINT_MANIFEST}") or op_store.list_dir(sp_dir):
+        raise StorageError(f"savepoint {name!r} of operator {operator_id!r} already exists "
+                           f"under {sp_dir}; savepoints are never overwritten, pick another name")
+
+
+@dataclass
+class _Copied:
+    """What :func:`_copy_partitions` wrote: data files, states, totals, key types."""
+
+    files: dict[str, dict] = field(default_factory=dict)
+    states: dict[str, StateDescriptor] = field(default_factory=dict)
+    key_info: dict[str, list[str]] = field(default_factory=dict)
+    raw: int = 0
+    stored: int = 0
+    entries: int = 0
+
+
+def _manifest_of(op_store: DurableStore, record: CompletedCheckpoint, operator_id: str,
+                 name: str, compression: str, copied: _Copied, t0: float) -> SavepointManifest:
+    return SavepointManifest(
+        name=name, operator_id=operator_id, checkpoint_id=record.checkpoint_id,
+        parallelism=record.parallelism, max_parallelism=record.max_parallelism,
+        compression=compression, files=copied.files,
+        states=tuple(copied.states[k] for k in sorted(copied.states)),
+        metrics={"entries": copied.entries, "raw_bytes": copied.raw,
+                 "stored_bytes": copied.stored, "seconds": time.perf_counter() - t0,
+                 "max_event_time_ms": _max_event_time(op_store, record), **copied.key_info},
+        created_at_ms=int(time.time() * 1000))
+
+
+def _copy_partitions(op_store: DurableStore, record: CompletedCheckpoint, sp_dir: str,
+                     scratch: str, compression: str,
+                     open_instance: Callable[[str], RocksDBInstance],
+                     progress: ProgressFn | None) -> _Copied:
+    """Write and upload one data file per partition of ``record``."""
+    copied = _Copied()
+    done_bytes = 0
+    recorded = read_recorded_manifests(op_store, record)
+    for i, p in enumerate(sorted(record.manifests)):
+        m = recorded[p]
+        for k in ("key_columns", "key_types"):
+            # How grouping keys decode: a max_parallelism migration rehashes them.
+            if k not in copied.key_info and m.metrics.get(k):
+                copied.key_info[k] = list(m.metrics[k])
+        rng = KeyGroupRange(m.key_group_start, m.key_group_end)
+        fname = data_file_name(rng.start, rng.end)
+        local_file = os.path.join(scratch, fname)
+        stats = _write_partition(op_store, m, scratch, local_file, rng, compression,
+                                 open_instance)
+        t = op_store.put_file(local_file, f"{sp_dir}/{fname}")
+        os.unlink(local_file)
+        copied.files[fname] = {"key_group_start": rng.start, "key_group_end": rng.end,
+                               "size": t.size, "checksum": t.checksum, "partition": p,
+                               "entries": stats.entries}
+        for d in m.states:
+            # Partitions may know different schema versions of a state: keep them all.
+            copied.states[d.name] = merge_descriptors(copied.states.get(d.name, d), d) or \
+                copied.states.get(d.name, d)
+        copied.raw += stats.raw_bytes
+        copied.stored += stats.stored_bytes
+        copied.entries += stats.entries
+        done_bytes += m.full_size
+        if progress is not None:
+            progress(i + 1, len(record.manifests), done_bytes, record.full_size)
+    return copied
 
 
 def _max_event_time(op_store: DurableStore, record: CompletedCheckpoint) -> int | None:

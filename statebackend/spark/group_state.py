@@ -76,17 +76,23 @@ def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGr
         backend.set_current_key(groups.key_bytes[i])
         call(groups.keys[i], [rows_of(i)], False)
 
-    threshold = None
-    if timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
-        threshold = ctx.processing_time_ms
-    elif timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_present:
-        threshold = ctx.watermark_ms
+    threshold = _timeout_threshold(timeout_conf, ctx, watermark_present)
     if threshold is not None:
         # Spark times a key out when its timeout is strictly before the threshold
         for key, _ts in list(backend.pop_expired_timers(threshold - 1)):
             backend.set_current_key(key)
             call(decode_key(key), [], True)
     return out
+
+
+def _timeout_threshold(timeout_conf: str, ctx: BatchContext,
+                       watermark_present: bool) -> int | None:
+    """Timeouts strictly before this time out in this batch (None: none can)."""
+    if timeout_conf == GroupStateTimeout.ProcessingTimeTimeout:
+        return ctx.processing_time_ms
+    if timeout_conf == GroupStateTimeout.EventTimeTimeout and watermark_present:
+        return ctx.watermark_ms
+    return None
 
 
 def check_timeout_conf(timeout_conf: Any) -> str:

@@ -1,0 +1,116 @@
+"""``read`` and ``changes``: state and its changes to Parquet or CSV."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from ..errors import OptionsError, StateBackendError
+from .common import EXIT_OK, _count, _progress, common_args
+
+
+def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
+    from ..spark.read_state import load_checkpoint, read_rows, rows_to_pandas
+
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "parquet" and args.output == "-":  # bad usage: say so before reading anything
+        raise OptionsError("--output", "-", "Parquet cannot go to standard output; give a "
+                                            "file name or use --format csv")
+    store = args.open_store()
+    op = args.operator
+    key_types = args.key_types.split(",") if args.key_types else None
+    view = load_checkpoint(store, op, args.checkpoint, key_types=key_types)
+    parts = args.partition if args.partition else None
+    with _progress(args, "read", "partitions") as bar:
+        rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
+                              view=view, progress=bar))
+    frame = rows_to_pandas(rows, view, args.state)
+    if fmt == "csv":
+        frame.to_csv(out if args.output == "-" else args.output, index=False)
+    else:
+        frame.to_parquet(args.output, index=False)
+    if args.output == "-":
+        return EXIT_OK  # standard output holds the data
+    if args.json:
+        out.write(json.dumps({"rows": len(frame), "checkpoint_id": view.record.checkpoint_id,
+                              "state": args.state, "output": args.output,
+                              "format": fmt}) + "\n")
+    else:
+        out.write(f"wrote {len(frame)} rows of checkpoint {view.record.checkpoint_id} "
+                  f"({'all states' if args.state is None else 'state ' + args.state}) to "
+                  f"{args.output}\n")
+    return EXIT_OK
+
+
+def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
+    """What was put and deleted between two retained checkpoints, to Parquet or CSV."""
+    from ..spark.changes import change_rows, changes_to_pandas, plan_changes
+
+    store = args.open_store()
+    key_types = args.key_types.split(",") if args.key_types else None
+    plan = plan_changes(store, args.operator, args.from_id, args.to_id, key_types=key_types)
+    with _progress(args, "changes", "partitions") as bar:
+        rows = list(change_rows(store, args.operator, args.from_id, args.to_id, args.state,
+                                partitions=args.partition or None, plan=plan, progress=bar))
+    frame = changes_to_pandas(rows, plan, args.state)
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "csv":
+        frame.to_csv(out if args.output == "-" else args.output, index=False)
+        if args.output == "-":
+            return EXIT_OK
+    elif args.output == "-":
+        raise StateBackendError("Parquet cannot go to standard output; give a file name "
+                                "or use --format csv")
+    else:
+        frame.to_parquet(args.output, index=False)
+    counts = {op: int((frame["operation"] == op).sum()) for op in ("put", "delete")}
+    sources = {"changelog" if u.changelogs is not None else "compare" for u in plan.units}
+    if args.json:
+        out.write(json.dumps({"rows": len(frame), **counts, "from": args.from_id,
+                              "to": args.to_id, "state": args.state, "sources": sorted(sources),
+                              "output": args.output, "format": fmt}) + "\n")
+    else:
+        out.write(f"wrote {len(frame)} changes ({counts['put']} put, {counts['delete']} "
+                  f"delete rows) from checkpoint {args.from_id} to {args.to_id} "
+                  f"({', '.join(sorted(sources))}) to {args.output}\n")
+    return EXIT_OK
+
+
+def add_read(sub: Any) -> None:
+    p = sub.add_parser("read", help="dump state to Parquet or CSV")
+    common_args(p)
+    p.add_argument("--checkpoint", type=_count(0), default=None, help="default: the latest")
+    p.add_argument("--state", default=None,
+                   help="one state (typed columns); default every state, values as JSON")
+    p.add_argument("--partition", type=_count(0), action="append",
+                   help="only this partition (repeatable)")
+    p.add_argument("-o", "--output", required=True,
+                   help="file to write (.parquet or .csv), or - for CSV on stdout")
+    p.add_argument("--format", choices=["parquet", "csv"], default=None)
+    p.add_argument("--key-types", default=None,
+                   help="grouping-key types, comma separated, if the checkpoint lacks them")
+    p.set_defaults(func=cmd_read)
+
+
+
+def add_changes(sub: Any) -> None:
+    p = sub.add_parser("changes", help="rows put and deleted between two checkpoints")
+    common_args(p)
+    p.add_argument("--from", dest="from_id", type=int, required=True, metavar="A",
+                   help="the older retained checkpoint")
+    p.add_argument("--to", dest="to_id", type=int, required=True, metavar="B",
+                   help="the newer retained checkpoint")
+    p.add_argument("--state", default=None,
+                   help="one state (typed columns); default every state, values as JSON")
+    p.add_argument("--partition", type=int, action="append",
+                   help="only this partition of B (repeatable)")
+    p.add_argument("-o", "--output", required=True,
+                   help="file to write (.parquet or .csv), or - for CSV on stdout")
+    p.add_argument("--format", choices=["parquet", "csv"], default=None)
+    p.add_argument("--key-types", default=None,
+                   help="grouping-key types, comma separated, if the checkpoints lack them")
+    p.set_defaults(func=cmd_changes)
+

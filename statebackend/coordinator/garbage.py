@@ -1,0 +1,192 @@
+"""Retention and deletion: aborting a checkpoint, collecting garbage, in the background.
+
+Part of :class:`~statebackend.coordinator.CheckpointCoordinator`; what may be deleted and
+why is the safety argument in :mod:`statebackend.coordinator.coordinator`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import CheckpointError
+from ..model.manifest import MANIFEST_NAME, checkpoint_dir
+from .ownership import _Owner, log
+from .records import PINS_DIR, WATERMARK_PATH, GcReport, _manifests_by_partition
+from .registry import referenced_paths
+
+
+class _Garbage(_Owner):
+    """:meth:`abort`, :meth:`collect_garbage` and the background collection thread."""
+
+    def abort(self, checkpoint_id: int) -> list[str]:
+        """Give up on the attempts of an uncompleted checkpoint published so far.
+
+        Deletes the files under ``chk-<n>/`` that nothing retained or protected references
+        (manifests first, so a half-done abort never leaves a manifest whose files are
+        gone). Call it when no task of the checkpoint is running; a re-run of the same
+        micro-batch may publish new attempts and complete the checkpoint later, and
+        anything an attempt still running writes is swept once a newer checkpoint
+        completes.
+
+        Returns
+        -------
+        list of str
+            Deleted paths (relative to the operator root).
+
+        Raises
+        ------
+        CheckpointError
+            The checkpoint is already complete.
+        """
+        with self._lock:
+            if checkpoint_id in self._registry.checkpoints:
+                raise CheckpointError(f"checkpoint {checkpoint_id} of {self.operator_id} is "
+                                      f"complete and cannot be aborted; unpin it or let "
+                                      f"retention drop it instead")
+            protected = self._protected()
+            listing = self._list(checkpoint_dir(checkpoint_id))
+            doomed = [p for p in listing if not self._registry.is_referenced(p)
+                      and p not in protected]
+            deleted = self._delete(p for p in doomed if p.endswith("/" + MANIFEST_NAME))
+            deleted += self._delete(p for p in doomed if not p.endswith("/" + MANIFEST_NAME))
+            self._published.pop(checkpoint_id, None)
+            return deleted
+
+    # --- garbage collection -------------------------------------------------------------
+
+    def _protected(self) -> frozenset[str]:
+        """Files of every published attempt of the latest checkpoint (see module notes)."""
+        latest = self._registry.latest_id
+        if latest is None:
+            return frozenset()
+        # The listing taken when the latest checkpoint completed, not a new one: an attempt
+        # of it published after its record was written is missing from it, but no task
+        # restores from such an attempt (readers take the record's manifest once it
+        # exists), so its files protect nothing; they are swept with the directory later.
+        listing = self._listings.get(latest)
+        if listing is None:  # after a rebuild: not listed since
+            listing = frozenset(self._list(checkpoint_dir(latest)))
+            self._listings[latest] = listing
+        rels = sorted(r for rs in _manifests_by_partition(listing).values() for r in rs)
+        self._read_published_many(latest, rels)
+        for rel in rels:
+            self._read_published(latest, rel)
+        return referenced_paths(self._published.get(latest, {}).values())
+
+    def collect_garbage(self) -> GcReport:
+        """Delete what no retained checkpoint and no in-flight checkpoint can reference.
+
+        Idempotent and resumable: each step is bounded (one checkpoint's files, or one
+        listing of one ``chk-<k>/`` directory) and holds the coordinator's lock only for
+        that step.
+
+        Returns
+        -------
+        GcReport
+        """
+        report = GcReport()
+        with self._lock:
+            self._act_as_owner()
+            latest = self._registry.latest_id
+            if latest is None:
+                return report
+            protected = self._protected()
+            start = self._watermark
+            if start is None:
+                start = min(self._registry.checkpoints)
+        # Sweeps first: they move the watermark, and a crash before it is persisted only
+        # repeats them.
+        w = self._sweep(start, latest, protected, report)
+        with self._lock:
+            if w != self._watermark:
+                self.store.put_bytes_atomic(self._abs(WATERMARK_PATH),
+                                            json.dumps({"swept_below": w}).encode())
+                self._watermark = w
+            report.watermark = self._watermark
+            subsumed = self._registry.subsumed_ids()
+        for c in subsumed:
+            self._discard(c, protected, report)
+        return report
+
+    def _sweep(self, start: int, latest: int, protected: frozenset[str],
+               report: GcReport) -> int:
+        """Sweep ``chk-<k>/`` from ``start`` up; returns the new watermark."""
+        w: int | None = None
+        # a materialization still uploading under chk-<j>/ holds sweeps below j
+        bound = self._registry.sweep_bound(latest)
+        for k in range(start, bound):
+            with self._lock:
+                reg = self._registry
+                # Manifests of known subsumed checkpoints stay until their checkpoint is
+                # forgotten: a rebuild needs them to find that checkpoint's files.
+                kept = protected | {p for c in reg.subsumed_ids()
+                                    for p in reg.checkpoints[c].record.manifests.values()}
+                # A fresh listing, not the one taken at completion: it also finds what
+                # attempts still running then wrote since (stragglers).
+                listing = self._list(checkpoint_dir(k))
+                doomed = [p for p in listing if not reg.is_referenced(p) and p not in kept]
+                report.deleted += self._delete(doomed)
+                report.swept.append(k)
+                # Files only an attempt of the latest checkpoint references may become
+                # garbage later: the watermark stays at the first such directory, so the
+                # next collection sweeps it (and the ones after it) again.
+                if w is None and any(p in protected and not reg.is_referenced(p)
+                                     for p in listing):
+                    w = k
+        return max(start, bound) if w is None else w
+
+    def _discard(self, c: int, protected: frozenset[str], report: GcReport) -> None:
+        """Delete subsumed checkpoint ``c``'s unreferenced files, then its manifests and
+        record, and forget it (unless a file of it is still protected)."""
+        with self._lock:
+            reg = self._registry
+            if c not in reg.subsumed_ids():
+                return
+            cp = reg.checkpoints[c]
+            manifests = set(cp.record.manifests.values())
+            free = reg.unreferenced_paths(c)
+            blocked = free & protected
+            report.deleted += self._delete(free - blocked - manifests)
+            if blocked:
+                # Keep the manifests and the record: they are how a rebuild finds the
+                # blocked files once the latest checkpoint's attempts stop using them.
+                return
+            report.deleted += self._delete(free & manifests)
+            self._delete([cp.record.path, f"{PINS_DIR}/chk-{c}"])
+            self._registry = reg.forget(c)
+            report.forgotten.append(c)
+
+    def _after_change(self) -> None:
+        if self._pool is None:
+            self.collect_garbage()
+            return
+        with self._lock:
+            if self._gc_future is not None and not self._gc_future.done():
+                self._gc_again = True  # one more run after the current one, not one each
+                return
+            self._gc_future = self._pool.submit(self._background_gc)
+
+    def _background_gc(self) -> GcReport:
+        while True:
+            try:
+                report = self.collect_garbage()
+            except Exception:  # noqa: BLE001 - the next completion retries it
+                log.exception("background garbage collection of %s failed; it will be "
+                              "retried after the next completion", self.operator_id)
+                report = GcReport()
+            with self._lock:
+                if not self._gc_again:
+                    return report
+                self._gc_again = False
+
+    def wait_for_gc(self) -> None:
+        """Block until background garbage collection is idle (no-op without it)."""
+        while True:
+            with self._lock:
+                fut = self._gc_future
+            if fut is None:
+                return
+            fut.result()
+            with self._lock:
+                if self._gc_future is fut and fut.done():
+                    return
