@@ -197,7 +197,7 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
             sources = [m.metrics["restore"]["source"] for m in manifests]
             live = sum(m.full_size for m in manifests)
             # the product's own figure (keys and values of live entries, per partition)
-            reported = [m.metrics.get("logical_bytes") for m in manifests]
+            reported = [(m.metrics.get("rocksdb") or {}).get("logical_bytes") for m in manifests]
             row = {"batch": b, "latency_s": sum(task_s), "task_s": task_s,
                    "critical_bytes": critical, "_up0": up0,
                    "changed_bytes": len(idx) * entry_bytes, "l0_files": max(l0),

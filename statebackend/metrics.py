@@ -106,7 +106,9 @@ def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
     Returns
     -------
     dict of str to int
-        Keys of :data:`ROCKSDB_PROPERTIES` (those RocksDB reported).
+        Keys of :data:`ROCKSDB_PROPERTIES` (those RocksDB reported), and
+        ``logical_bytes``: keys and values of the live entries in the SST files
+        (:meth:`~statebackend.rocksdb.instance.RocksDBInstance.logical_bytes`).
     """
     out: dict[str, int] = {}
     names = instance.column_family_names()
@@ -114,6 +116,9 @@ def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
         values = [v for v in (instance.property_int(prop, cf) for cf in names) if v is not None]
         if values:
             out[metric] = int(sum(values) if how == "sum" else max(values))
+    # keys and values of the live entries flushed so far: what every amplification figure
+    # is against (RocksDBInstance.logical_bytes says how it is estimated)
+    out["logical_bytes"] = instance.logical_bytes()
     return out
 
 

@@ -413,6 +413,8 @@ class StateBackendOptions:
         File handles RocksDB keeps open (20..4194304), -1 for unlimited.
     max_background_jobs : int or None
         Flush and compaction threads (1..256).
+    level_sizing : bool, default True
+        Size RocksDB's levels from the state each instance holds (level compaction).
     bounded_memory : bool, default True
         Share one block cache and write buffer manager per process, bounded by
         ``memory_budget``.
@@ -551,6 +553,12 @@ class StateBackendOptions:
         None, "Concurrent background flush and compaction jobs per instance. None: "
         "profile or RocksDB default (2).", "int", optional=True, low=1, high=256,
         rocksdb=True)
+    level_sizing: bool = _opt(
+        True, "Level compaction: derive max_bytes_for_level_base (a tenth of the bottom "
+        "level) and target_file_size_base (a 64th, 2-64 MiB) from the state each instance "
+        "holds, re-derived as it grows, so obsolete versions stay near 10% of the data. "
+        "Off, or a profile setting max_bytes_for_level_base: RocksDB's fixed sizes.",
+        "bool", rocksdb=True)
     bounded_memory: bool = _opt(
         True, "Bound RocksDB memory per process: every instance shares one block cache and "
         "one write buffer manager sized from memory_budget.", "bool", rocksdb=True)

@@ -370,6 +370,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             metrics["late_rows_dropped"] = late_dropped
         if counts0 is not None and counts1 is not None:
             metrics["restore_requests"] = (counts1 - counts0).to_dict()
+        # level sizes follow the state (a property read; RocksDB's options change rarely)
+        instance.size_levels(config.options)
         published, _ = checkpointer.checkpoint(
             instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
             backend.descriptors(), base_manifest=base, extra_metrics=metrics)
