@@ -554,9 +554,10 @@ class StateBackendOptions:
         "profile or RocksDB default (2).", "int", optional=True, low=1, high=256,
         rocksdb=True)
     level_sizing: bool = _opt(
-        True, "Level compaction: derive max_bytes_for_level_base (a tenth of the bottom "
-        "level) and target_file_size_base (a 64th, 2-64 MiB) from the state each instance "
-        "holds, re-derived as it grows, so obsolete versions stay near 10% of the data. "
+        True, "Level compaction from 256 MiB of bottom level B per column family: "
+        "max_bytes_for_level_base B/8 (the level above the bottom then holds B/10) and "
+        "target_file_size_base B/64 (<= 64 MiB), re-derived on the open instance as the "
+        "state grows, so obsolete versions stay near 10% of the data. "
         "Off, or a profile setting max_bytes_for_level_base: RocksDB's fixed sizes.",
         "bool", rocksdb=True)
     bounded_memory: bool = _opt(

@@ -16,7 +16,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from .. import _kernels
 from ..errors import StateBackendError
-from .options import level_sizing
+from .options import ROCKSDB_DEFAULTS, level_sizing
 
 if TYPE_CHECKING:
     from ..options import StateBackendOptions
@@ -271,7 +271,10 @@ class RocksDBInstance:
             change = level_sizing(opts, bottom, self._sized_for.get(name))
             if change:
                 cf.set_options(change)
-                self._sized_for[name] = bottom
+                if change == ROCKSDB_DEFAULTS:
+                    self._sized_for.pop(name, None)
+                else:
+                    self._sized_for[name] = bottom
                 changed[name] = change
         return changed
 

@@ -59,11 +59,14 @@ derives both knobs from the partition's bottom level ``B`` (RocksDB's live data 
 and sets them on the open instance (they are mutable options, applied per column family
 whenever ``B`` moved by a quarter since the last time):
 
-* ``max_bytes_for_level_base = max(8 MiB, B / 8)``: the level above the bottom becomes
+From ``B`` = 256 MiB (RocksDB's own base; below it level 0 compacts straight into the
+bottom level, 1.07x the data at 80 MB, leaner than any level in between):
+
+* ``max_bytes_for_level_base = B / 8``: the level above the bottom becomes
   the base level with RocksDB's dynamic target ``B / 10``, so obsolete versions stay near
   10% of the data (measured 1.14-1.20x at 500 MB, flat over 60 batches) and reach the
   bottom level, where tombstones are dropped, after about ten batches' worth of writes;
-* ``target_file_size_base = clamp(B / 64, 2 MiB, 64 MiB)``: files are slices of the key
+* ``target_file_size_base = min(B / 64, 64 MiB)``: files are slices of the key
   space, so a compaction into the bottom rewrites the slices under one upper file
   (measured 2-40 MB each) instead of the whole partition, and a snapshot shares most of
   its files with the previous one.
@@ -317,8 +320,13 @@ def _table_options(opts: StateBackendOptions, s: ProfileSettings) -> BlockBasedO
 
 # --- level sizing: derived from the state the instance holds ------------------------------
 
-LEVEL_BASE_FLOOR = 8 * _MIB
-FILE_SIZE_FLOOR, FILE_SIZE_CEILING = 2 * _MIB, 64 * _MIB
+SIZED_FROM = 256 * _MIB
+"""RocksDB's own ``max_bytes_for_level_base``: below it level 0 compacts straight into
+the bottom level (no level in between, obsolete versions only in level 0), which is
+leaner in space than any level in between; sizes are derived from there up."""
+FILE_SIZE_CEILING = 64 * _MIB
+ROCKSDB_DEFAULTS = {"max_bytes_for_level_base": str(SIZED_FROM),
+                    "target_file_size_base": str(64 * _MIB)}
 RESIZE_STEP = 0.25
 """Re-derive the level sizes when the bottom level moved by this share since the last time."""
 
@@ -336,21 +344,23 @@ def level_sizing(opts: StateBackendOptions, bottom_bytes: int,
         The column family's live data (``rocksdb.estimate-live-data-size``: the bottom
         level and the files no lower file overlaps).
     applied_for : int or None
-        ``bottom_bytes`` the sizes in force were derived from (None: none derived yet).
+        ``bottom_bytes`` the sizes in force were derived from (None: RocksDB's own).
 
     Returns
     -------
     dict of str to str or None
         Settings for ``Rdict.set_options`` (see the module documentation), or None when
-        nothing is to change: sizing is off, or ``bottom_bytes`` is within
-        :data:`RESIZE_STEP` of ``applied_for``.
+        nothing is to change: sizing is off, ``bottom_bytes`` is within
+        :data:`RESIZE_STEP` of ``applied_for``, or under :data:`SIZED_FROM` with RocksDB's
+        own sizes in force (a state shrunk below it gets them back).
     """
     s = effective_settings(opts)
     if (not opts.level_sizing or s.compaction_style not in (None, "level")
             or s.max_bytes_for_level_base is not None):
         return None
+    if bottom_bytes < SIZED_FROM:
+        return None if applied_for is None else dict(ROCKSDB_DEFAULTS)
     if applied_for is not None and abs(bottom_bytes - applied_for) <= RESIZE_STEP * applied_for:
         return None
-    return {"max_bytes_for_level_base": str(max(LEVEL_BASE_FLOOR, bottom_bytes // 8)),
-            "target_file_size_base": str(
-                min(FILE_SIZE_CEILING, max(FILE_SIZE_FLOOR, bottom_bytes // 64)))}
+    return {"max_bytes_for_level_base": str(bottom_bytes // 8),
+            "target_file_size_base": str(min(FILE_SIZE_CEILING, bottom_bytes // 64))}
