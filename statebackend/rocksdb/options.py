@@ -354,12 +354,13 @@ def level_sizing(opts: StateBackendOptions, bottom_bytes: int,
         :data:`RESIZE_STEP` of ``applied_for``, or under :data:`SIZED_FROM` with RocksDB's
         own sizes in force (a state shrunk below it gets them back).
     """
+    if not opts.level_sizing or (bottom_bytes < SIZED_FROM and applied_for is None):
+        return None  # the common case of small state, before any other work
     s = effective_settings(opts)
-    if (not opts.level_sizing or s.compaction_style not in (None, "level")
-            or s.max_bytes_for_level_base is not None):
+    if s.compaction_style not in (None, "level") or s.max_bytes_for_level_base is not None:
         return None
     if bottom_bytes < SIZED_FROM:
-        return None if applied_for is None else dict(ROCKSDB_DEFAULTS)
+        return dict(ROCKSDB_DEFAULTS)
     if applied_for is not None and abs(bottom_bytes - applied_for) <= RESIZE_STEP * applied_for:
         return None
     return {"max_bytes_for_level_base": str(bottom_bytes // 8),
