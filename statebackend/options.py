@@ -554,7 +554,8 @@ class StateBackendOptions:
         "profile or RocksDB default (2).", "int", optional=True, low=1, high=256,
         rocksdb=True)
     level_sizing: bool = _opt(
-        True, "Level compaction from 256 MiB of bottom level B per column family: "
+        True, "Incremental checkpoints with level compaction, from 256 MiB of bottom level "
+        "B per column family: "
         "max_bytes_for_level_base B/8 (the level above the bottom then holds B/10) and "
         "target_file_size_base B/64 (<= 64 MiB), re-derived on the open instance as the "
         "state grows, so obsolete versions stay near 10% of the data. "

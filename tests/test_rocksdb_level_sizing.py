@@ -27,8 +27,14 @@ from statebackend.rocksdb.options import (
 )
 from tests.test_rocksdb_options import read_options_file
 
-S = StateBackendOptions
 MIB = 1 << 20
+
+
+def S(**kw) -> StateBackendOptions:  # noqa: N802 - reads like the class it builds
+    """Options in incremental mode, the one level sizing applies to (whatever mode the
+    suite runs in), unless ``kw`` names another."""
+    kw.setdefault("checkpoint_mode", "incremental")
+    return StateBackendOptions(**kw)
 
 
 def test_sizes_follow_the_bottom_level() -> None:
@@ -58,15 +64,18 @@ def test_resized_only_when_the_bottom_level_moved_by_a_quarter() -> None:
     S(compaction_style="fifo"),
     # the profile sizes the base level itself (1 GiB): an explicit choice wins
     S(predefined_profile="SPINNING_DISK_OPTIMIZED_HIGH_MEM"),
+    # a materialization would upload every slice rewritten since the previous one
+    S(checkpoint_mode="changelog"),
 ])
 def test_nothing_derived_when_off_or_sized_elsewhere(opts: StateBackendOptions) -> None:
     assert level_sizing(opts, 512 * MIB) is None
 
 
 def test_level_sizing_from_spark_conf() -> None:
-    opts = S.from_spark_conf({"spark.statebackend.rocksdb.level-sizing": "false"})
+    opts = StateBackendOptions.from_spark_conf(
+        {"spark.statebackend.rocksdb.level-sizing": "false"})
     assert opts.level_sizing is False
-    assert S().level_sizing is True
+    assert StateBackendOptions().level_sizing is True
 
 
 def _cf_option(db_dir: Path, cf: str, key: str) -> str:
