@@ -449,7 +449,35 @@ def plot(runs: list[Run], out_dir: str, title: str) -> list[str]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    paths.append(plot_space(runs, out_dir, title))
     return paths
+
+
+def plot_space(runs: list[Run], out_dir: str, title: str) -> str:
+    """Durable (before and after each completion's deletions), referenced and local bytes
+    per batch over the logical state."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run in runs:
+        rows = run.batches
+        xs = [r["batch"] for r in rows]
+        for key, label, ls in (("durable_before_gc_bytes", "durable, before GC", "-"),
+                               ("durable_bytes", "durable, after GC", "--"),
+                               ("live_bytes", "referenced", ":"),
+                               ("local_bytes", "local disk", "-.")):
+            if all(key in r for r in rows):
+                ax.plot(xs, [r[key] / r["logical_bytes"] for r in rows], lw=1, ls=ls,
+                        label=f"{run.name}: {label}")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("bytes / logical state")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "large_state_space.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def run_in_child(argv: list[str], name: str, out: str) -> Run:
