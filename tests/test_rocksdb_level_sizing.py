@@ -216,3 +216,22 @@ def test_sizing_bounds_obsolete_versions_under_overwrites(
     assert max(fixed[10:]) > max(sized[10:]) + 0.1, (fixed, sized)
     # bounded in steady state: the last third no higher than the middle third's peak
     assert max(sized[20:]) <= max(sized[10:20]) + 0.05, sized
+
+
+def test_a_bulk_load_is_compacted_before_the_snapshot(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from statebackend.rocksdb import instance as rocks_instance
+
+    monkeypatch.setattr(rocks_instance, "BULK_LOAD_MIN_BYTES", 4 * MIB)
+    with RocksDBInstance(str(tmp_path / "db"), db_options=to_rocksdict_options(S())) as db:
+        assert db.compact_bulk_load() is False  # empty
+        _load(db, "s", 8000)  # 8 MB, all of it in level 0 once flushed
+        db.flush()
+        assert db.property_int("rocksdb.num-files-at-level0", "s")
+        assert db.compact_bulk_load() is True
+        assert db.property_int("rocksdb.num-files-at-level0", "s") == 0
+        # a batch of 1% of the state: left to RocksDB's own compactions
+        _load(db, "s", 80, seed=2)
+        db.flush()
+        assert db.compact_bulk_load() is False
+        assert db.property_int("rocksdb.num-files-at-level0", "s") == 1

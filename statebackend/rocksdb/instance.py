@@ -40,6 +40,9 @@ def _raw_options(base: Options | None = None) -> Options:
     return opts
 
 
+BULK_LOAD_MIN_BYTES = 64 << 20
+"""Level-0 bytes from which :meth:`RocksDBInstance.compact_bulk_load` may compact."""
+
 SCAN_MIN_KEYS = 1024
 """Below this many keys a multi-get always uses point reads."""
 
@@ -257,6 +260,33 @@ class RocksDBInstance:
                    + props.get("raw value size", 0))
             total += max(0, raw) * min(1.0, live / sst)
         return int(total)
+
+    def compact_bulk_load(self) -> bool:
+        """Compact every column family to its bottom level when level 0 holds at least
+        :data:`BULK_LOAD_MIN_BYTES` and a quarter of what the other levels hold (a load,
+        or a batch that rewrote a large share of the state); whether it did.
+
+        Before the batch's snapshot: otherwise the snapshot holds the level-0 files, the
+        compaction that follows rewrites all of them, and the next checkpoint (or
+        materialization) uploads the whole state a second time (measured at 1 GiB: 1.06 GB
+        in the batch after the load, durable 2.1x the data for that batch).
+        """
+        self._check_open()
+        if not self.property_int("rocksdb.num-files-at-level0"):
+            # the default column family has none: look at all of them
+            if not any(self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
+                return False
+        l0 = rest = 0
+        for f in self._db.live_files():
+            if int(f.get("level", -1)) == 0:
+                l0 += int(f["size"])
+            else:
+                rest += int(f["size"])
+        if l0 < BULK_LOAD_MIN_BYTES or 4 * l0 < rest:
+            return False
+        for cf in self._cfs.values():
+            cf.compact_range(None, None)
+        return True
 
     def size_levels(self, opts: StateBackendOptions) -> dict[str, dict[str, str]]:
         """Re-derive each column family's level sizes from its live data
