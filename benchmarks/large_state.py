@@ -13,7 +13,9 @@ partition task of ``map_in_pandas`` (``statebackend.spark.runner.run_partition``
 partition in turn in this process, as ``benchmarks/bench_task.py`` does, with the Spark task
 identity patched in; a coordinator completes each checkpoint after the batch (retention and
 deletion of unreferenced files included). Durable storage is ``benchmarks/latency_fs.py``:
-a local directory charging ``--latency-ms`` per request and ``--bandwidth-mbps`` each way.
+a local directory charging ``--latency-ms`` per request and ``--bandwidth-mbps`` each way,
+either on one link shared by all transfers (``--link shared``) or per request on its own
+connection, at most ``--max-connections`` at once (``--link independent``).
 
 ``--lifecycle close`` is the task that opens, checkpoints and closes its instance each
 batch; ``open`` keeps it open between batches (``keep_instances_open``). Partitions run
@@ -58,6 +60,7 @@ OP = "large"
 SPEC = KeySpec(("k",), ("bigint",))
 MAXP = 128
 ARROW_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch
+KEY_BYTES = 16  # a RocksDB key of this operator, measured: see logical_bytes below
 
 
 def rewrite(frames, state):
@@ -147,7 +150,8 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
     config = OperatorConfig(
         operator_id=OP, checkpoint_location=f"latency://{durable_dir}",
         storage_options={"latency_s": args.latency_ms / 1000,
-                         "bandwidth": args.bandwidth_mbps * 1e6},
+                         "bandwidth": args.bandwidth_mbps * 1e6, "link": args.link,
+                         "max_connections": args.max_connections},
         options=opts, parallelism=args.partitions, key=SPEC)
     process = vector_process(rewrite, config, "v BINARY", None, args.frame_rows)
     # the driver's side (completion, retention, deletion) is not charged: not a task's cost
@@ -180,6 +184,8 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
                         process):
                     pass
                 task_s.append(time.perf_counter() - t0)
+            # before completion deletes what the retained checkpoints no longer reference
+            durable_before_gc = disk_bytes(durable_dir)
             record = coord.try_complete(b)
             if record is None:
                 raise RuntimeError(f"checkpoint {b} did not complete")
@@ -190,12 +196,19 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
             l0 = [int((m.metrics.get("rocksdb") or {}).get("l0_files", -1)) for m in manifests]
             sources = [m.metrics["restore"]["source"] for m in manifests]
             live = sum(m.full_size for m in manifests)
+            # the product's own figure (keys and values of live entries, per partition)
+            reported = [(m.metrics.get("rocksdb") or {}).get("logical_bytes") for m in manifests]
             row = {"batch": b, "latency_s": sum(task_s), "task_s": task_s,
                    "critical_bytes": critical, "_up0": up0,
                    "changed_bytes": len(idx) * entry_bytes, "l0_files": max(l0),
                    "l0_per_partition": l0, "sources": sources, "live_bytes": live,
-                   "logical_bytes": args.keys * entry_bytes,  # keys and values, once each
-                   "local_bytes": disk_bytes(local), "durable_bytes": disk_bytes(durable_dir)}
+                   # keys and values once each, as RocksDB stores them (key group + 8-byte
+                   # key + a one-byte column tag: 16 bytes of key per entry)
+                   "logical_bytes": args.keys * (KEY_BYTES + args.value_bytes),
+                   "reported_logical_bytes": (sum(reported) if None not in reported
+                                              else None),
+                   "local_bytes": disk_bytes(local), "durable_bytes": disk_bytes(durable_dir),
+                   "durable_before_gc_bytes": durable_before_gc}
             run.batches.append(row)
             if b % max(1, args.batches // 10) == 0 or b == args.batches:
                 print(f"  [{name}] batch {b}: {row['latency_s']:.2f}s, critical "
@@ -267,9 +280,14 @@ def restore_all(config: OperatorConfig, coord, args: argparse.Namespace) -> dict
         nbytes += rm.bytes_downloaded
         nfiles += rm.files_downloaded
     seconds = time.perf_counter() - t0
-    # the floor: the live state through the link once, plus one request per file
-    floor = nbytes / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles / max(
-        1, config.options.download_threads)
+    # the floor: the live state through the link once, plus one request per file; with
+    # independent connections, as many transfers at once as threads and connections allow
+    lanes = max(1, config.options.download_threads)
+    if args.link == "independent":
+        floor = (nbytes / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles) / min(
+            lanes, args.max_connections)
+    else:
+        floor = nbytes / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles / lanes
     return {"seconds": seconds, "bytes": nbytes, "files": nfiles, "download_floor_s": floor}
 
 
@@ -278,6 +296,55 @@ def stats(xs: list[float]) -> str:
     if not len(a):
         return "-"
     return f"median {np.median(a):.3g}, p90 {np.percentile(a, 90):.3g}, max {a.max():.3g}"
+
+
+def growth(xs: list[float]) -> dict[str, float]:
+    """Whether a per-batch figure grows: least-squares slope per batch, and the mean of the
+    second half of ``xs`` over the mean of its first half."""
+    a = np.asarray(xs, dtype=float)
+    if len(a) < 4:
+        return {"slope_per_batch": 0.0, "second_half_over_first": 1.0}
+    slope = float(np.polyfit(np.arange(len(a)), a, 1)[0])
+    h = len(a) // 2
+    return {"slope_per_batch": slope, "second_half_over_first": float(a[h:].mean() / a[:h].mean())}
+
+
+def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str, Any]:
+    """Every amplification figure against the logical state (keys + values of live entries)."""
+    steady = batches[1:]
+
+    def ratio(key: str, rows: list[dict[str, Any]]) -> list[float]:
+        return [r[key] / r["logical_bytes"] for r in rows]
+
+    post_gc = ratio("durable_bytes", batches)
+    peak = [max(r["durable_before_gc_bytes"], r["durable_bytes"]) / r["logical_bytes"]
+            for r in batches]
+    local = ratio("local_bytes", batches)
+    last = batches[-window:]
+    uploaded = [r["uploaded_bytes"] / r["changed_bytes"] for r in steady if "uploaded_bytes" in r]
+    reported = [r["reported_logical_bytes"] / r["logical_bytes"] for r in batches
+                if r.get("reported_logical_bytes")]
+    return {
+        "logical_bytes": batches[-1]["logical_bytes"],
+        "referenced_over_logical_end": batches[-1]["live_bytes"] / batches[-1]["logical_bytes"],
+        "referenced_over_logical_max": max(ratio("live_bytes", batches)),
+        "durable_over_logical_max": max(peak),
+        "durable_over_logical_max_steady": max(peak[1:]) if len(peak) > 1 else None,
+        "durable_post_gc_over_logical_max_steady": max(post_gc[1:]) if len(post_gc) > 1 else None,
+        "durable_post_gc_over_logical_end": post_gc[-1],
+        "local_over_logical_max": max(local),
+        "local_over_logical_max_steady": max(local[1:]) if len(local) > 1 else None,
+        "local_over_logical_end": local[-1],
+        "uploaded_over_changed_median": float(np.median(uploaded)) if uploaded else None,
+        "uploaded_over_changed_max": max(uploaded) if uploaded else None,
+        f"last{window}_durable_post_gc_growth": growth(ratio("durable_bytes", last)),
+        f"last{window}_durable_peak_growth": growth(
+            [max(r["durable_before_gc_bytes"], r["durable_bytes"]) / r["logical_bytes"]
+             for r in last]),
+        f"last{window}_local_growth": growth(ratio("local_bytes", last)),
+        f"last{window}_referenced_growth": growth(ratio("live_bytes", last)),
+        "reported_logical_over_true": ([min(reported), max(reported)] if reported else None),
+    }
 
 
 def summary(run: Run) -> dict[str, Any]:
@@ -303,11 +370,8 @@ def summary(run: Run) -> dict[str, Any]:
         "durable_over_live_max": max(r["durable_bytes"] / r["live_bytes"] for r in run.batches),
         "local_over_live_end": last["local_bytes"] / last["live_bytes"],
         "local_over_live_max": max(r["local_bytes"] / r["live_bytes"] for r in run.batches),
-        # SST bytes count overwritten versions not compacted away yet: against the data
-        "durable_over_logical_max": max(r["durable_bytes"] / r["logical_bytes"]
-                                        for r in run.batches),
-        "local_over_logical_max": max(r["local_bytes"] / r["logical_bytes"]
-                                      for r in run.batches),
+        # against the data the user stored (keys and values of live entries)
+        **against_logical(run.batches),
         "restore_s": run.restore.get("seconds"),
         "restore_over_floor": (run.restore["seconds"] / run.restore["download_floor_s"]
                                if run.restore.get("download_floor_s") else None),
@@ -331,9 +395,23 @@ def print_run(run: Run) -> None:
     print(f"  durable / live: end {s['durable_over_live_end']:.2f}, max "
           f"{s['durable_over_live_max']:.2f}; local / live: end {s['local_over_live_end']:.2f}, "
           f"max {s['local_over_live_max']:.2f}")
-    print(f"  against keys + values once ({run.batches[-1]['logical_bytes'] / 1e6:.0f} MB): "
-          f"durable max {s['durable_over_logical_max']:.2f}, local max "
-          f"{s['local_over_logical_max']:.2f}")
+    g = s["last50_durable_post_gc_growth"]
+    print(f"  against the logical state (keys + values of live entries, "
+          f"{s['logical_bytes'] / 1e6:.0f} MB): referenced end {s['referenced_over_logical_end']:.2f}"
+          f" max {s['referenced_over_logical_max']:.2f}; durable peak "
+          f"{s['durable_over_logical_max_steady']:.2f} (load batch included "
+          f"{s['durable_over_logical_max']:.2f}), after GC max "
+          f"{s['durable_post_gc_over_logical_max_steady']:.2f} end "
+          f"{s['durable_post_gc_over_logical_end']:.2f}; local max "
+          f"{s['local_over_logical_max_steady']:.2f} end {s['local_over_logical_end']:.2f}")
+    print(f"  last 50 batches: durable after GC slope {g['slope_per_batch']:+.4f}/batch, "
+          f"2nd half / 1st half {g['second_half_over_first']:.3f}; peak "
+          f"{s['last50_durable_peak_growth']['second_half_over_first']:.3f}; local "
+          f"{s['last50_local_growth']['second_half_over_first']:.3f}; referenced "
+          f"{s['last50_referenced_growth']['second_half_over_first']:.3f}")
+    print(f"  uploaded per batch / changed: median {s['uploaded_over_changed_median']:.2f}, max "
+          f"{s['uploaded_over_changed_max']:.2f}; logical reported by the checkpoints / true: "
+          f"{s['reported_logical_over_true']}")
     print(f"  restore after losing the machine: {run.restore['seconds']:.1f} s for "
           f"{run.restore['bytes'] / 1e6:.0f} MB in {run.restore['files']} files (floor "
           f"{run.restore['download_floor_s']:.1f} s: {s['restore_over_floor']:.2f}x)")
@@ -371,7 +449,35 @@ def plot(runs: list[Run], out_dir: str, title: str) -> list[str]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    paths.append(plot_space(runs, out_dir, title))
     return paths
+
+
+def plot_space(runs: list[Run], out_dir: str, title: str) -> str:
+    """Durable (before and after each completion's deletions), referenced and local bytes
+    per batch over the logical state."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run in runs:
+        rows = run.batches
+        xs = [r["batch"] for r in rows]
+        for key, label, ls in (("durable_before_gc_bytes", "durable, before GC", "-"),
+                               ("durable_bytes", "durable, after GC", "--"),
+                               ("live_bytes", "referenced", ":"),
+                               ("local_bytes", "local disk", "-.")):
+            if all(key in r for r in rows):
+                ax.plot(xs, [r[key] / r["logical_bytes"] for r in rows], lw=1, ls=ls,
+                        label=f"{run.name}: {label}")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("bytes / logical state")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "large_state_space.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def run_in_child(argv: list[str], name: str, out: str) -> Run:
@@ -411,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
                     default="incremental")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="per request")
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0, help="MB/s each way")
+    ap.add_argument("--link", choices=latency_fs.LINKS, default="shared",
+                    help="'shared': one link each way shared by all transfers of the process "
+                         "(one saturated NIC); 'independent': every request pays latency + "
+                         "size / bandwidth on its own connection (separate S3 connections)")
+    ap.add_argument("--max-connections", type=int, default=16,
+                    help="requests under way at once with --link independent")
     ap.add_argument("--memory-budget", default="256m", help="RocksDB memory per process")
     ap.add_argument("--frame-rows", type=int, default=100_000,
                     help="map_in_pandas frame_rows (the load batch streams in frames)")
@@ -430,7 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     title = (f"{args.keys:,} keys x {args.value_bytes} B, {args.batches} batches at "
              f"{args.churn:.1%} churn, {args.partitions} partitions, {args.checkpoint_mode}, "
-             f"{args.latency_ms:g} ms / {args.bandwidth_mbps:g} MB/s")
+             f"{args.latency_ms:g} ms / {args.bandwidth_mbps:g} MB/s, {args.link} link"
+             + (f" (<= {args.max_connections} connections)" if args.link == "independent"
+                else ""))
     print(f"{title}; load {os.getloadavg()}", flush=True)
     runs = []
     for name in lifecycles:

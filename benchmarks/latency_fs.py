@@ -1,11 +1,21 @@
 """A local directory that costs what an object store costs: ``latency://<abs path>``.
 
-Every request (HEAD, PUT, GET, LIST, DELETE) waits ``latency_s``; the bytes of a PUT or
-a GET also wait their turn on a link of ``bandwidth`` bytes/s, one link up and one down
-(full duplex), shared by all threads of the process, so four parallel uploads share the
-100 MB/s rather than getting 400. Transfers take the link a slice (:data:`SLICE`) at a
-time, so concurrent ones share it as TCP flows do: a small PUT started while a large one
-is under way gets its share at once instead of waiting for the whole large object. Directories cost nothing (object stores have none).
+Every request (HEAD, PUT, GET, LIST, DELETE) waits ``latency_s``. The bytes of a PUT or a
+GET cost time under one of two link models (``link``):
+
+``"shared"`` (the default)
+    One link up and one down (full duplex) of ``bandwidth`` bytes/s, shared by all threads
+    of the process, so four parallel uploads share the 100 MB/s rather than getting 400:
+    one saturated NIC. Transfers take the link a slice (:data:`SLICE`) at a time, so
+    concurrent ones share it as TCP flows do: a small PUT started while a large one is
+    under way gets its share at once instead of waiting for the whole large object.
+``"independent"``
+    Every request is a connection of its own that pays ``latency_s + size / bandwidth``
+    whatever else runs, as separate S3 connections each at full speed behave; at most
+    ``max_connections`` requests of the process are under way at once (the others wait
+    for a free connection, as a client's connection pool makes them).
+
+Directories cost nothing (object stores have none).
 It is not a :class:`~fsspec.implementations.local.LocalFileSystem`, so the store takes its
 object-store path (plain PUTs, no temp file and rename).
 
@@ -75,6 +85,20 @@ class _Link:
 
 _UP, _DOWN = _Link(), _Link()
 
+LINKS = ("shared", "independent")
+
+_POOLS: dict[int, threading.BoundedSemaphore] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(max_connections: int) -> threading.BoundedSemaphore:
+    """The process's connection pool of that size (one per size, as one client has one)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(max_connections)
+        if pool is None:
+            pool = _POOLS[max_connections] = threading.BoundedSemaphore(max_connections)
+        return pool
+
 
 class _MeteredReader:
     """A file opened for reading whose bytes pay the download link as they are read."""
@@ -108,16 +132,29 @@ class LatencyFileSystem(AbstractFileSystem):
     latency_s : float
         Seconds every request waits (default 20 ms).
     bandwidth : float
-        Bytes per second of each direction of the link (default 100 MB/s).
+        Bytes per second of each direction of the link (default 100 MB/s); per connection
+        under ``link="independent"``.
+    link : {"shared", "independent"}
+        The link model (see the module documentation).
+    max_connections : int
+        Requests under way at once under ``link="independent"`` (default 16).
     """
 
     protocol = PROTOCOL
     root_marker = "/"
 
-    def __init__(self, latency_s: float = 0.02, bandwidth: float = 100e6, **kwargs: Any):
+    def __init__(self, latency_s: float = 0.02, bandwidth: float = 100e6, link: str = "shared",
+                 max_connections: int = 16, **kwargs: Any):
         super().__init__(**kwargs)
+        if link not in LINKS:
+            raise ValueError(f"link={link!r}: expected one of {LINKS}")
+        if int(max_connections) < 1:
+            raise ValueError(f"max_connections={max_connections!r}: expected at least 1")
         self.latency_s = float(latency_s)
         self.bandwidth = float(bandwidth)
+        self.link = link
+        self.max_connections = int(max_connections)
+        self._pool = _pool(self.max_connections) if link == "independent" else None
         self.inner = LocalFileSystem(auto_mkdir=True)
 
     @classmethod
@@ -131,21 +168,28 @@ class LatencyFileSystem(AbstractFileSystem):
 
     # --- costs --------------------------------------------------------------------------
 
-    def _request(self) -> None:
+    def _request(self, up: int = 0) -> None:
+        """One request: its latency, plus the ``up`` bytes it sends."""
         with STATS.lock:
             STATS.requests += 1
+            STATS.bytes_up += up
+        if self._pool is not None:
+            with self._pool:  # one connection: latency and transfer, nobody else's
+                time.sleep(self.latency_s + up / self.bandwidth)
+            return
         if self.latency_s > 0:
             time.sleep(self.latency_s)
-
-    def _up(self, nbytes: int) -> None:
-        with STATS.lock:
-            STATS.bytes_up += nbytes
-        _UP.transfer(nbytes, self.bandwidth)
+        if up:
+            _UP.transfer(up, self.bandwidth)
 
     def _down(self, nbytes: int) -> None:
         with STATS.lock:
             STATS.bytes_down += nbytes
-        _DOWN.transfer(nbytes, self.bandwidth)
+        if self._pool is not None:
+            with self._pool:
+                time.sleep(nbytes / self.bandwidth)
+        else:
+            _DOWN.transfer(nbytes, self.bandwidth)
 
     # --- the requests the store makes ---------------------------------------------------
 
@@ -166,13 +210,11 @@ class LatencyFileSystem(AbstractFileSystem):
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         import os
 
-        self._request()
-        self._up(os.path.getsize(lpath))
+        self._request(up=os.path.getsize(lpath))
         self.inner.put_file(lpath, self._strip_protocol(rpath))
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        self._request()
-        self._up(len(value))
+        self._request(up=len(value))
         self.inner.pipe_file(self._strip_protocol(path), value)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None,

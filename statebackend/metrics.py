@@ -106,7 +106,9 @@ def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
     Returns
     -------
     dict of str to int
-        Keys of :data:`ROCKSDB_PROPERTIES` (those RocksDB reported).
+        Keys of :data:`ROCKSDB_PROPERTIES` (those RocksDB reported), and
+        ``logical_bytes``: keys and values of the live entries in the SST files
+        (:meth:`~statebackend.rocksdb.instance.RocksDBInstance.logical_bytes`).
     """
     out: dict[str, int] = {}
     names = instance.column_family_names()
@@ -114,6 +116,9 @@ def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
         values = [v for v in (instance.property_int(prop, cf) for cf in names) if v is not None]
         if values:
             out[metric] = int(sum(values) if how == "sum" else max(values))
+    # keys and values of the live entries flushed so far: what every amplification figure
+    # is against (RocksDBInstance.logical_bytes says how it is estimated)
+    out["logical_bytes"] = instance.logical_bytes()
     return out
 
 
@@ -155,6 +160,13 @@ class PartitionStats:
     requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # why a faster restore source was passed over (None: the first choice worked)
     restore_fallback: str | None = None
+    # keys and values of the live entries (rocksdb.logical_bytes; None: not recorded)
+    logical_bytes: int | None = None
+
+    @property
+    def referenced_over_logical(self) -> float | None:
+        """Bytes the checkpoint references over the logical state (space amplification)."""
+        return self.full_size / self.logical_bytes if self.logical_bytes else None
 
 
 @dataclass(frozen=True)
@@ -184,6 +196,10 @@ class CheckpointStats:
         Partition -> why its task passed over a faster restore source (a kept-open
         instance not handed over, a working directory written after the checkpoint, an
         unusable local copy); only partitions that fell back.
+    logical_bytes : int or None
+        Keys and values of the live entries over all partitions (the data the user
+        stored, estimated from RocksDB's table properties); None when a partition did not
+        record it. ``referenced_over_logical`` is ``full_size`` over it.
     """
 
     operator_id: str
@@ -210,9 +226,15 @@ class CheckpointStats:
     requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     restore_fallbacks: Mapping[int, str] = field(default_factory=dict)
     partitions: tuple[PartitionStats, ...] = ()
+    logical_bytes: int | None = None
+
+    @property
+    def referenced_over_logical(self) -> float | None:
+        return self.full_size / self.logical_bytes if self.logical_bytes else None
 
     def to_dict(self, partitions: bool = True) -> dict[str, Any]:
         d = asdict(self)
+        d["referenced_over_logical"] = self.referenced_over_logical
         if not partitions:
             d.pop("partitions")
         return d
@@ -251,7 +273,8 @@ def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionSt
                   for phase, key in (("restore", "restore_requests"),
                                      ("checkpoint", "checkpoint_requests"))
                   if met.get(key) is not None},
-        restore_fallback=restore.get("fallback_reason") or None)
+        restore_fallback=restore.get("fallback_reason") or None,
+        logical_bytes=rocks.get("logical_bytes"))
 
 
 def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest],
@@ -305,7 +328,9 @@ def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest
         requests={k: v.to_dict() for k, v in sorted(requests.items())},
         restore_fallbacks={p.partition: p.restore_fallback for p in parts
                            if p.restore_fallback},
-        partitions=parts)
+        partitions=parts,
+        logical_bytes=(sum(p.logical_bytes or 0 for p in parts)
+                       if parts and all(p.logical_bytes is not None for p in parts) else None))
 
 
 def checkpoint_stats(store: DurableStore, operator_id: str, checkpoint_id: int

@@ -84,6 +84,7 @@ def _describe_partitions(manifests: dict[int, PartitionManifest]
                             "keys": int(m.metrics.get("keys", 0)),
                             "restore": str(restore).split(".")[-1].lower(),
                             "base_checkpoint_id": m.base_checkpoint_id,
+                            "logical_bytes": (m.metrics.get("rocksdb") or {}).get("logical_bytes"),
                             "file_list": [{"name": f.name, "path": f.path, "size": f.size, "shared": f.shared,
                                            "uploaded": f.uploaded, "checksum": f.checksum} for f in m.files]}
         parts.append(d)
@@ -119,6 +120,11 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"  {tot['files']} files, {_size(tot['shared'] + tot['private'])}: shared (SST) "
               f"{_size(tot['shared'])}, private {_size(tot['private'])}; uploaded by this "
               f"checkpoint {_size(tot['uploaded'])}; {tot['rows']} rows, {tot['keys']} keys\n")
+    logical = [d["logical_bytes"] for d in parts]
+    if parts and None not in logical:  # keys + values of live entries, the data stored
+        total = tot["shared"] + tot["private"]
+        out.write(f"  logical state (keys + values of live entries) {_size(sum(logical))}; "
+                  f"referenced / logical {total / max(1, sum(logical)):.2f}x\n")
     for s in states.values():
         schema = (f"({s.user_key_schema}) -> ({s.value_schema})" if s.kind == "map"
                   else f"({s.value_schema})" if s.value_schema else "")

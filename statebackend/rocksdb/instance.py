@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from ..errors import StateBackendError
 from ..keys import kernels as _kernels
+from .options import ROCKSDB_DEFAULTS, level_sizing
+
+if TYPE_CHECKING:
+    from ..options import StateBackendOptions
 
 DEFAULT_CF = "default"
 
@@ -25,6 +29,9 @@ def _raw_options(base: Options | None = None) -> Options:
     opts.create_missing_column_families(True)
     return opts
 
+
+BULK_LOAD_MIN_BYTES = 64 << 20
+"""Level-0 bytes from which :meth:`RocksDBInstance.compact_bulk_load` may compact."""
 
 SCAN_MIN_KEYS = 1024
 """Below this many keys a multi-get always uses point reads."""
@@ -75,6 +82,8 @@ class RocksDBInstance:
         for name in existing:
             self._cfs[name] = self._db.get_column_family(name)
         self._closed = False
+        # column family -> the bottom level size its level sizes were derived from
+        self._sized_for: dict[str, int] = {}
         # Changelog mode: every change below is also appended here (a
         # statebackend.checkpoint.changelog.ChangelogWriter), the one place all state
         # kinds, timers and TTL indexes reach RocksDB. None: not recording.
@@ -212,6 +221,75 @@ class RocksDBInstance:
         except Exception:  # noqa: BLE001 - a missing property is not an error
             return None
 
+    def logical_bytes(self) -> int:
+        """Keys and values of the live entries in the SST files, an estimate from RocksDB's
+        table properties (no read of the data).
+
+        Per column family: the raw key and value bytes of every SST (RocksDB's table
+        properties, less its 8-byte internal key suffix per entry) scaled by RocksDB's
+        live data estimate over the SST bytes, which discounts the versions shadowed by
+        a newer one in a lower-numbered level. Writes still in the memtable are not
+        counted; new keys not yet compacted to the bottom level are undercounted.
+        """
+        total = 0.0
+        for name, cf in self._cfs.items():
+            sst = self.property_int("rocksdb.live-sst-files-size", name)
+            live = self.property_int("rocksdb.estimate-live-data-size", name)
+            if not sst or live is None:
+                continue
+            props = _table_properties(cf.property_value("rocksdb.aggregated-table-properties"))
+            raw = (props.get("raw key size", 0) - 8 * props.get("# entries", 0)
+                   + props.get("raw value size", 0))
+            total += max(0, raw) * min(1.0, live / sst)
+        return int(total)
+
+    def compact_bulk_load(self) -> bool:
+        """Compact every column family to its bottom level when level 0 holds at least
+        :data:`BULK_LOAD_MIN_BYTES` and a quarter of what the other levels hold (a load,
+        or a batch that rewrote a large share of the state); whether it did.
+
+        Before the batch's snapshot: otherwise the snapshot holds the level-0 files, the
+        compaction that follows rewrites all of them, and the next checkpoint (or
+        materialization) uploads the whole state a second time (measured at 1 GiB: 1.06 GB
+        in the batch after the load, durable 2.1x the data for that batch).
+        """
+        self._check_open()
+        if not self.property_int("rocksdb.num-files-at-level0"):
+            # the default column family has none: look at all of them
+            if not any(self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
+                return False
+        l0 = rest = 0
+        for f in self._db.live_files():
+            if int(f.get("level", -1)) == 0:
+                l0 += int(f["size"])
+            else:
+                rest += int(f["size"])
+        if l0 < BULK_LOAD_MIN_BYTES or 4 * l0 < rest:
+            return False
+        for cf in self._cfs.values():
+            cf.compact_range(None, None)
+        return True
+
+    def size_levels(self, opts: StateBackendOptions) -> dict[str, dict[str, str]]:
+        """Re-derive each column family's level sizes from its live data
+        (:func:`statebackend.rocksdb.options.level_sizing`); the settings changed, by
+        column family."""
+        self._check_open()
+        changed = {}
+        for name, cf in self._cfs.items():
+            bottom = self.property_int("rocksdb.estimate-live-data-size", name)
+            if bottom is None:
+                continue
+            change = level_sizing(opts, bottom, self._sized_for.get(name))
+            if change:
+                cf.set_options(change)
+                if change == ROCKSDB_DEFAULTS:
+                    self._sized_for.pop(name, None)
+                else:
+                    self._sized_for[name] = bottom
+                changed[name] = change
+        return changed
+
     # --- lifecycle --------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -233,4 +311,18 @@ class RocksDBInstance:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _table_properties(text: str | None) -> dict[str, int]:
+    """The integer fields of RocksDB's ``aggregated-table-properties`` text."""
+    out: dict[str, int] = {}
+    for item in (text or "").split(";"):
+        key, sep, value = item.partition("=")
+        if sep:
+            try:
+                out[key.strip()] = int(value.strip())
+            except ValueError:
+                pass  # averages, names
+    return out
+
 

@@ -365,6 +365,10 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             metrics["late_rows_dropped"] = late_dropped
         if counts0 is not None and counts1 is not None:
             metrics["restore_requests"] = (counts1 - counts0).to_dict()
+        # a load's level-0 files compacted before the snapshot, not after it (the state
+        # would be uploaded twice); level sizes follow the state (a property read)
+        instance.compact_bulk_load()
+        instance.size_levels(config.options)
         published, _ = checkpointer.checkpoint(
             instance, checkpoint_id, attempt, (kg_range.start, kg_range.end),
             backend.descriptors(), base_manifest=base, extra_metrics=metrics)

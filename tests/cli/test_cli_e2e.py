@@ -65,8 +65,10 @@ def test_describe_totals_match_the_record(streaming_run):
     assert sum(p["rows"] for p in parts) == len(streaming_run.data[-1])
     assert any(f["shared"] for p in parts for f in p["file_list"])
     assert {s["name"] for s in d["states"]} == {"count"}
+    assert all(isinstance(p["logical_bytes"], int) for p in parts)  # keys + values stored
     code, text = cli("describe", streaming_run.state_dir, OPERATOR, "0")
     assert code == 0 and "checkpoint 0" in text and "shared (SST)" in text
+    assert "referenced / logical" in text
 
 
 def test_verify_passes_on_intact_checkpoints(streaming_run):
