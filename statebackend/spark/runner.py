@@ -40,7 +40,6 @@ from ..storage.manifests import (
 from .plan import KG_COL
 from .task import (
     ADDED_COLUMNS,
-    DEFAULT_FRAME_ROWS,
     BatchContext,
     KeyGroups,
     OperatorConfig,
@@ -237,12 +236,11 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
         if base is not None:
             # open in another worker of this executor: have it handed over (bounded wait)
             resident.request_handover(checkpointer.local, base, reasons=passed_over)
-    savepoint = config.extra.get("from_savepoint")
-    if base is None and savepoint:
+    savepoint = config.from_savepoint
+    if base is None and savepoint is not None:
         from ..savepoint.reader import SavepointReader
 
-        sp_store = open_store(savepoint["url"],
-                              storage_options=savepoint.get("storage_options") or None)
+        sp_store = open_store(savepoint.url, storage_options=savepoint.storage_options or None)
         reader = SavepointReader(sp_store)
         inst, smetrics = restore_from_savepoint(checkpointer, reader, config.parallelism,
                                                 config.max_parallelism)
@@ -283,9 +281,9 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
 
     checkpoint_id, partition, attempt = task_identity(config)
     t0 = time.perf_counter()
-    per_key = config.extra.get("per_key", True)
+    per_key = config.per_key
     source = TaskInput(batches, config.watermark[0] if config.watermark is not None else None)
-    frame_rows = None if per_key else config.extra.get("frame_rows", DEFAULT_FRAME_ROWS)
+    frame_rows = None if per_key else config.frame_rows
     chunks = source.chunks(sys.maxsize if frame_rows is None else frame_rows)
     # The first frame (for per-key operators, and usually for map_in_pandas too, the whole
     # input) before the state: opening the working directory removes its clean marker, so
@@ -324,7 +322,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         if config.watermark is not None:
             prev = restored.prev_id
             wm = watermark_for(store, config, prev, base, restored.record)
-            if per_key and config.extra.get("drop_late") and first is not None:
+            if per_key and config.drop_late and first is not None:
                 # after micro-batches that ran no task the previous batch's watermark was
                 # already this one (no event time arrived since)
                 late_wm = (late_watermark(store, config, checkpoint_id, base)

@@ -31,7 +31,7 @@ from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
-from ..redact import redact_nested, redact_options, redact_url
+from ..redact import redact_options, redact_url
 from .executor import current_executor_id
 from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
@@ -51,9 +51,30 @@ ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
 DEFAULT_FRAME_ROWS = 1_000_000
 
 
+@dataclass(frozen=True)
+class SavepointSource:
+    """A savepoint a new operator's state starts from: its location and storage options."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # a savepoint's location and options may hold credentials, as the state's do
+        return (f"SavepointSource(url={redact_url(self.url)!r}, "
+                f"storage_options={redact_options(self.storage_options)})")
+
+
 @dataclass
 class OperatorConfig:
-    """Everything a task needs, shipped (pickled) to the executors with the operator."""
+    """Everything a task needs, shipped (pickled) to the executors with the operator.
+
+    The last five fields say how the operator reads its input: ``ticks`` (the plan adds
+    tick rows so timers fire in batches without input), ``drop_late`` (input at or before
+    the previous batch's watermark never reaches the user's code, as Spark's event-time
+    operators drop it), ``per_key`` (rows grouped by key; False: ``map_in_pandas``, which
+    reads frames of ``frame_rows`` rows, None: the whole input as one frame) and
+    ``from_savepoint`` (where a state with no checkpoint yet starts from).
+    """
 
     operator_id: str
     checkpoint_location: str
@@ -64,7 +85,11 @@ class OperatorConfig:
     epoch: int | None = None  # batch jobs: the checkpoint id of this run
     run_id: str | None = None  # batch jobs: the writer identity of this run (fencing)
     watermark: tuple[str, int] | None = None  # (event-time column, delay ms)
-    extra: dict[str, Any] = field(default_factory=dict)
+    ticks: bool = False
+    drop_late: bool = False
+    per_key: bool = True
+    frame_rows: int | None = None
+    from_savepoint: SavepointSource | None = None
 
     @property
     def max_parallelism(self) -> int:
@@ -76,7 +101,9 @@ class OperatorConfig:
                 f"{redact_url(self.checkpoint_location)!r}, storage_options="
                 f"{redact_options(self.storage_options)}, options={self.options!r}, "
                 f"parallelism={self.parallelism!r}, key={self.key!r}, epoch={self.epoch!r}, "
-                f"watermark={self.watermark!r}, extra={redact_nested(self.extra)!r})")
+                f"watermark={self.watermark!r}, ticks={self.ticks!r}, "
+                f"drop_late={self.drop_late!r}, per_key={self.per_key!r}, "
+                f"frame_rows={self.frame_rows!r}, from_savepoint={self.from_savepoint!r})")
 
 
 @dataclass
