@@ -1,16 +1,24 @@
-"""Executor side: what one Spark task does for one partition of a stateful operator.
+"""Executor side: what one Spark task must do for one partition of a stateful operator,
+and the pieces it is made of (the operator's configuration, the task's input, rows
+grouped by key, the task's identity).
 
-For micro-batch (or epoch) ``b`` of partition ``p``:
+:func:`statebackend.spark.runner.run_partition` runs it, for micro-batch (or epoch) ``b``
+of partition ``p``:
 
-1. read the whole input of the partition (Spark gives every partition a task every batch,
+1. input: read the partition's input (Spark gives every partition a task every batch,
    empty ones included; ``map_in_pandas`` reads its first ``frame_rows`` here and the rest
-   as its function asks for it, see :class:`TaskInput`),
-2. restore the state committed for ``b - 1`` (working dir -> local copy -> durable),
-3. group the rows by key as slices of one sorted frame and run the user's code against
-   the keyed state (inputs first, then expired timers, as Spark does),
-4. checkpoint ``b`` (flush + native checkpoint, upload what is new, publish the manifest),
-5. close the instance, and only then yield the output, so a task whose checkpoint failed
-   produces nothing and Spark's retry starts from the same committed state (invariant 1).
+   as its function asks for it, see :class:`TaskInput`), before any state is touched;
+2. open: restore the state committed for ``b - 1``
+   (:meth:`~statebackend.spark.partition_state.PartitionState.load`: the instance this
+   process kept open, one handed over, the working directory, the local copy, durable
+   storage, a rescale or a savepoint);
+3. process: group the rows by key as slices of one sorted frame and run the user's code
+   against the keyed state (inputs first, then expired timers, as Spark does);
+4. commit: checkpoint ``b`` (flush + native checkpoint or changelog, upload what is new,
+   publish the manifest), then close the instance, or keep it open for the partition's
+   next task (``keep_instances_open``) once its checkpoint is published;
+5. emit: only then yield the output, so a task whose checkpoint failed produces nothing
+   and Spark's retry starts from the same committed state (invariant 1).
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..checkpoint.manifest import PartitionManifest
 from ..errors import StateBackendError
 from ..keycodec import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
@@ -383,10 +390,3 @@ def event_time_ms(column: pd.Series) -> np.ndarray:
 
 def kg_range_of(config: OperatorConfig, partition: int):
     return key_group_range(partition, config.parallelism, config.max_parallelism)
-
-
-def manifest_event_time(manifest: PartitionManifest | None) -> int | None:
-    if manifest is None:
-        return None
-    v = manifest.metrics.get("max_event_time_ms")
-    return None if v is None else int(v)
