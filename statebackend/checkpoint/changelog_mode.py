@@ -140,7 +140,8 @@ class ChangelogUpload(CheckpointOperation):
                          "materialized_inline": self.inline}
             manifest, metrics = publish_checkpoint(
                 t.store, manifest, sync_duration_s=self.sync_s, async_start=t1,
-                counts0=self.counts0, extra_metrics=req.extra_metrics, changelog=changelog)
+                counts0=self.counts0, extra_metrics=req.extra_metrics, facts=req.facts,
+                changelog=changelog)
         except BaseException:
             self.abort()
             raise

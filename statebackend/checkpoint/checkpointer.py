@@ -34,6 +34,7 @@ from .changelog_mode import ChangelogStrategy, start_recording, stop_recording
 from .incremental import IncrementalStrategy, SnapshotUpload
 from .manifest import PartitionManifest, StateDescriptor, check_component
 from .metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
+from .publish import ManifestFacts
 from .restore import validate_manifest
 from .restorer import PartitionRestorer
 from .snapshot import LocalSnapshot, take_snapshot
@@ -199,6 +200,7 @@ class PartitionCheckpointer:
                    states: Sequence[StateDescriptor] = (),
                    base_manifest: PartitionManifest | None = None,
                    extra_metrics: Mapping[str, Any] | None = None,
+                   facts: ManifestFacts | None = None,
                    ) -> tuple[PartitionManifest, CheckpointMetrics]:
         """Take checkpoint ``checkpoint_id`` of the instance: sync snapshot, then upload.
 
@@ -216,6 +218,10 @@ class PartitionCheckpointer:
             Declared states, recorded in the manifest.
         base_manifest : PartitionManifest, optional
             Defaults to the restored manifest.
+        extra_metrics : mapping, optional
+            The caller's metrics, recorded in the manifest.
+        facts : ManifestFacts, optional
+            The caller's typed manifest fields (key types, event time, watermark).
 
         Returns
         -------
@@ -229,7 +235,7 @@ class PartitionCheckpointer:
         """
         check_component(attempt)
         request = self._request(checkpoint_id, attempt, key_group_range, states,
-                                base_manifest, extra_metrics)
+                                base_manifest, extra_metrics, facts)
         # the whole checkpoint is on the batch's critical path: background
         # materializations of this process start no upload meanwhile
         with critical_path():
@@ -238,11 +244,11 @@ class PartitionCheckpointer:
 
     def _request(self, checkpoint_id: int, attempt: str,
                  key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor],
-                 base: PartitionManifest | None, extra_metrics: Mapping[str, Any] | None
-                 ) -> CheckpointRequest:
+                 base: PartitionManifest | None, extra_metrics: Mapping[str, Any] | None,
+                 facts: ManifestFacts | None = None) -> CheckpointRequest:
         kgr = key_group_range or (0, self.options.max_parallelism - 1)
         return CheckpointRequest.of(checkpoint_id, attempt, kgr, states,
-                                    self._check_base(base), extra_metrics)
+                                    self._check_base(base), extra_metrics, facts)
 
     # --- changelog mode ---------------------------------------------------------------
 

@@ -46,7 +46,7 @@ class SnapshotUpload(CheckpointOperation):
                 t.store, snapshot, base=req.base, key_group_range=req.key_group_range,
                 max_parallelism=t.options.max_parallelism, states=req.states,
                 incremental=t.options.incremental, extra_metrics=req.extra_metrics,
-                writer_epoch=t.writer_epoch)
+                writer_epoch=t.writer_epoch, facts=req.facts)
         except BaseException:
             # The snapshot of an unpublished checkpoint is no secondary copy of anything.
             t.local.remove_copy(snapshot.directory)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..storage.accounting import RequestCounts
@@ -22,10 +22,32 @@ from .manifest import PartitionManifest
 from .metrics import CheckpointMetrics
 
 
+@dataclass(frozen=True)
+class ManifestFacts:
+    """What the state's readers need of a checkpoint besides its files: the manifest's
+    typed fields of the same names (see :class:`~.manifest.PartitionManifest`).
+
+    Attributes
+    ----------
+    key_columns, key_types : tuple of str
+        How grouping keys decode.
+    max_event_time_ms : int or None
+        The partition's running max event time.
+    watermark_ms : int or None
+        The watermark the batch ran with (None: the operator has none).
+    """
+
+    key_columns: tuple[str, ...] = ()
+    key_types: tuple[str, ...] = ()
+    max_event_time_ms: int | None = None
+    watermark_ms: int | None = None
+
+
 def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
                        sync_duration_s: float, async_start: float,
                        counts0: RequestCounts | None,
                        extra_metrics: Mapping[str, Any] | None = None,
+                       facts: ManifestFacts | None = None,
                        **mode_metrics: Any) -> tuple[PartitionManifest, CheckpointMetrics]:
     """Publish ``manifest`` (every file it references already durable) with its metrics.
 
@@ -43,6 +65,8 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
         The store's request counts when the checkpoint started (None: not counted).
     extra_metrics : mapping, optional
         The caller's metrics (the task's), recorded in the manifest.
+    facts : ManifestFacts, optional
+        The caller's typed manifest fields.
     **mode_metrics
         The mode's own entries (``changelog=...``).
 
@@ -73,6 +97,10 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
         # and the fencing check just before it
         own = RequestCounts(put=1, head=int(manifest.writer_epoch is not None))
         extra["checkpoint_requests"] = (counts1 - counts0 + own).to_dict()
+    if facts is not None:
+        manifest = replace(manifest, key_columns=facts.key_columns, key_types=facts.key_types,
+                           max_event_time_ms=facts.max_event_time_ms,
+                           watermark_ms=facts.watermark_ms)
     manifest = manifest.with_metrics(**extra, **metrics.to_dict(), **mode_metrics)
     check_publisher(store, manifest)
     publish_manifest(store, manifest)

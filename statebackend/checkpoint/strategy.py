@@ -27,6 +27,7 @@ from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from .manifest import PartitionManifest, StateDescriptor
 from .metrics import CheckpointMetrics
+from .publish import ManifestFacts
 from .snapshot import LocalSnapshot
 
 
@@ -62,6 +63,8 @@ class CheckpointRequest:
         The checkpoint the state was restored from (None: empty state).
     extra_metrics : mapping
         The caller's metrics, recorded in the manifest.
+    facts : ManifestFacts or None
+        The caller's typed manifest fields.
     """
 
     checkpoint_id: int
@@ -70,13 +73,15 @@ class CheckpointRequest:
     states: tuple[StateDescriptor, ...]
     base: PartitionManifest | None
     extra_metrics: Mapping[str, Any]
+    facts: ManifestFacts | None = None
 
     @classmethod
     def of(cls, checkpoint_id: int, attempt: str, key_group_range: tuple[int, int],
            states: Sequence[StateDescriptor], base: PartitionManifest | None,
-           extra_metrics: Mapping[str, Any] | None) -> CheckpointRequest:
+           extra_metrics: Mapping[str, Any] | None,
+           facts: ManifestFacts | None = None) -> CheckpointRequest:
         return cls(checkpoint_id, attempt, key_group_range, tuple(states), base,
-                   extra_metrics or {})
+                   extra_metrics or {}, facts)
 
 
 class CheckpointOperation(ABC):

@@ -31,7 +31,7 @@ from .manifest import (
     check_relative,
 )
 from .metrics import CheckpointMetrics
-from .publish import publish_checkpoint
+from .publish import ManifestFacts, publish_checkpoint
 from .snapshot import LocalSnapshot
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
                     base: PartitionManifest | None, key_group_range: tuple[int, int],
                     max_parallelism: int, states: Sequence[StateDescriptor] = (),
                     incremental: bool = True, extra_metrics: Mapping[str, Any] | None = None,
-                    writer_epoch: int | None = None,
+                    writer_epoch: int | None = None, facts: ManifestFacts | None = None,
                     ) -> tuple[PartitionManifest, CheckpointMetrics]:
     """Upload ``snapshot`` into ``store`` (rooted at the operator root) and publish its manifest.
 
@@ -95,6 +95,8 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
     writer_epoch : int, optional
         The writer epoch the task holds: publication first proves it still owns the
         location (:mod:`statebackend.checkpoint.fencing`).
+    facts : ManifestFacts, optional
+        The caller's typed manifest fields (key types, event time, watermark).
 
     Returns
     -------
@@ -120,7 +122,7 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         writer_epoch=writer_epoch)
     manifest, metrics = publish_checkpoint(
         store, manifest, sync_duration_s=snapshot.sync_duration_s, async_start=t0,
-        counts0=counts0, extra_metrics=extra_metrics)
+        counts0=counts0, extra_metrics=extra_metrics, facts=facts)
     log.info("checkpoint %d partition %d attempt %s: uploaded %d file(s), %d bytes; reused %d",
              n, p, attempt, metrics.files_uploaded, metrics.bytes_uploaded,
              metrics.files_reused)

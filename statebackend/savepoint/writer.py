@@ -242,10 +242,10 @@ def create_savepoint(root: DurableStore, operator_id: str, name: str | None = No
         recorded = read_recorded_manifests(op_store, record)
         for i, p in enumerate(sorted(record.manifests)):
             m = recorded[p]
-            for k in ("key_columns", "key_types"):
+            for k, v in (("key_columns", m.key_columns), ("key_types", m.key_types)):
                 # How grouping keys decode: a max_parallelism migration rehashes them.
-                if k not in key_info and m.metrics.get(k):
-                    key_info[k] = list(m.metrics[k])
+                if k not in key_info and v:
+                    key_info[k] = list(v)
             rng = KeyGroupRange(m.key_group_start, m.key_group_end)
             fname = data_file_name(rng.start, rng.end)
             local_file = os.path.join(scratch, fname)
@@ -288,7 +288,7 @@ def _max_event_time(op_store: DurableStore, record: CompletedCheckpoint) -> int 
     best = None
     for path in record.manifests.values():
         try:
-            v = read_manifest(op_store, path).metrics.get("max_event_time_ms")
+            v = read_manifest(op_store, path).max_event_time_ms
         except (FileNotFoundError, CorruptStateError):
             continue
         if v is not None:

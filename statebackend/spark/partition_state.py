@@ -36,6 +36,7 @@ from ..checkpoint.manifest import (
     checkpoint_dir,
     choose_manifest,
 )
+from ..checkpoint.publish import ManifestFacts
 from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
 from ..recovery.local import WORK_DIR
@@ -167,14 +168,14 @@ class PartitionState:
         return (counts1 - self._counts0).to_dict()
 
     def commit(self, checkpoint_id: int, attempt: str, states: Sequence[StateDescriptor],
-               metrics: Mapping[str, Any]) -> PartitionManifest:
+               metrics: Mapping[str, Any], facts: ManifestFacts) -> PartitionManifest:
         """Checkpoint the loaded instance as ``checkpoint_id`` (snapshot, upload, publish)
-        with ``metrics`` in its manifest; the published manifest."""
+        with ``metrics`` and ``facts`` in its manifest; the published manifest."""
         assert self.restored is not None, "commit before load"
         kg = kg_range_of(self.config, self.partition)
         published, _ = self.checkpointer.checkpoint(
             self.restored.instance, checkpoint_id, attempt, (kg.start, kg.end), states,
-            base_manifest=self.restored.base, extra_metrics=metrics)
+            base_manifest=self.restored.base, extra_metrics=metrics, facts=facts)
         return published
 
     def release(self, published: PartitionManifest | None) -> None:
@@ -258,7 +259,7 @@ class PartitionState:
         if kept is not None:
             rmetrics = self.checkpointer.resume(b.manifest, kept, time.perf_counter() - t0)
             return Restored(instance=kept, metrics=rmetrics, base=b.manifest, first=False,
-                            max_event_time_ms=b.manifest.metrics.get("max_event_time_ms"),
+                            max_event_time_ms=b.manifest.max_event_time_ms,
                             record=b.record, prev_id=b.prev_id)
         self.resident.request_handover(self.checkpointer.local, b.manifest,
                                        reasons=passed_over)
@@ -282,8 +283,7 @@ class PartitionState:
 
 
 def _event_time(m: PartitionManifest | None) -> int | None:
-    v = None if m is None else m.metrics.get("max_event_time_ms")
-    return None if v is None else int(v)
+    return None if m is None else m.max_event_time_ms
 
 
 def _max_parallelism_changed(base: PartitionManifest,

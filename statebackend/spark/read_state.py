@@ -5,8 +5,8 @@ Each partition's files are downloaded (size and CRC32 verified) into a private t
 directory, opened there with :class:`~statebackend.rocksdb.instance.RocksDBInstance` and
 scanned; the durable checkpoint is only read, and the temporary copy is removed after the
 partition is read. Values are decoded with the codecs of the state descriptors the
-manifests record; grouping keys with the key types the runner records in every manifest's
-metrics (``key_types``, ``key_columns``).
+manifests record; grouping keys with the key types the runner records in every manifest
+(its typed ``key_types`` and ``key_columns`` fields).
 
 One row per stored entry:
 
@@ -280,9 +280,8 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
                 raise CorruptStateError(f"checkpoint {record.checkpoint_id}: state {d.name!r} "
                                         f"has different schemas in different partitions",
                                         checkpoint_id=record.checkpoint_id, path=m.path)
-        if m.metrics.get("key_types") is not None:
-            recorded.add((tuple(m.metrics["key_types"]),
-                          tuple(m.metrics.get("key_columns") or ())))
+        if m.key_types:
+            recorded.add((m.key_types, m.key_columns))
     columns, types = _key_columns(recorded, key_types,
                                   f"checkpoint {record.checkpoint_id} of {operator_id!r}")
     return CheckpointView(record, manifests, columns, types, states)

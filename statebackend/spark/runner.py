@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..checkpoint.publish import ManifestFacts
 from ..metrics import rocksdb_properties
 from ..recovery.local import WORK_DIR
 from ..recovery.resident import resident_dir_name
@@ -87,7 +88,12 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                            first=restored.first)
         out, states, metrics = process_batch(config, state, restored, ctx, event, source,
                                              first, chunks, process, clock)
-        published = state.commit(checkpoint_id, attempt, states, metrics.to_dict())
+        facts = ManifestFacts(
+            key_columns=tuple(config.key.columns), key_types=tuple(config.key.types),
+            max_event_time_ms=max_opt(ctx.max_event_time_ms, source.max_event_time_ms),
+            # the next batch drops input at or before this watermark (Spark's rule)
+            watermark_ms=None if config.watermark is None else event.watermark_ms)
+        published = state.commit(checkpoint_id, attempt, states, metrics.to_dict(), facts)
     finally:
         state.release(published)
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
@@ -128,12 +134,10 @@ def process_batch(config: OperatorConfig, state: PartitionState, restored: Resto
     metrics = TaskMetrics(
         restore=as_dict(restored.metrics), rows=source.rows,
         keys=len(groups) if groups is not None else 0, processing_time_ms=ptime,
-        key_columns=tuple(config.key.columns), key_types=tuple(config.key.types),
         # before the checkpoint flushes, while the instance is open
         rocksdb=rocksdb_properties(instance), task_ms=dict(clock.ms),
-        max_event_time_ms=max_opt(ctx.max_event_time_ms, source.max_event_time_ms),
-        watermark_ms=None if config.watermark is None else event.watermark_ms,
-        late_rows_dropped=event.late_rows_dropped, restore_requests=restore_requests)
+        late_rows_dropped=None if config.watermark is None else event.late_rows_dropped,
+        restore_requests=restore_requests)
     return out, backend.descriptors(), metrics
 
 

@@ -32,7 +32,9 @@ class TaskClock:
 
 @dataclass(frozen=True)
 class TaskMetrics:
-    """The task's part of its manifest's ``metrics``.
+    """The task's part of its manifest's ``metrics`` (what readers of the state depend
+    on, key types and event time, goes in typed manifest fields instead:
+    :class:`~statebackend.checkpoint.publish.ManifestFacts`).
 
     Attributes
     ----------
@@ -42,18 +44,13 @@ class TaskMetrics:
         Input rows processed, and distinct keys (0 for ``map_in_pandas``).
     processing_time_ms : int
         Spark's batch timestamp.
-    key_columns, key_types : tuple of str
-        How readers of the state (read_state, the CLI) decode grouping keys.
     rocksdb : mapping
         RocksDB's properties before the checkpoint flushes.
     task_ms : mapping
         Where the task's time went before the checkpoint (``input`` counts every wait for
         Spark's rows, ``process`` the function's time without them).
-    max_event_time_ms : int or None
-        Running max event time of the partition.
-    watermark_ms, late_rows_dropped : int or None
-        With a watermark: the one this batch ran with (the next batch drops input at or
-        before it, Spark's rule), and the late rows this batch dropped.
+    late_rows_dropped : int or None
+        With a watermark: the late rows this batch dropped.
     restore_requests : mapping or None
         The store requests of the restore and the watermark's reads.
     """
@@ -62,12 +59,8 @@ class TaskMetrics:
     rows: int
     keys: int
     processing_time_ms: int
-    key_columns: tuple[str, ...]
-    key_types: tuple[str, ...]
     rocksdb: Mapping[str, Any]
     task_ms: Mapping[str, float]
-    max_event_time_ms: int | None = None
-    watermark_ms: int | None = None
     late_rows_dropped: int | None = None
     restore_requests: Mapping[str, int] | None = None
 
@@ -76,12 +69,8 @@ class TaskMetrics:
         d: dict[str, Any] = {
             "restore": self.restore, "rows": self.rows, "keys": self.keys,
             "processing_time_ms": self.processing_time_ms,
-            "key_columns": list(self.key_columns), "key_types": list(self.key_types),
             "rocksdb": self.rocksdb, "task_ms": dict(self.task_ms)}
-        if self.max_event_time_ms is not None:
-            d["max_event_time_ms"] = int(self.max_event_time_ms)
-        if self.watermark_ms is not None:
-            d["watermark_ms"] = int(self.watermark_ms)
+        if self.late_rows_dropped is not None:
             d["late_rows_dropped"] = self.late_rows_dropped
         if self.restore_requests is not None:
             d["restore_requests"] = self.restore_requests

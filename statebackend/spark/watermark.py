@@ -66,7 +66,7 @@ def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionMan
     for p in parts:
         m = own if own is not None and p == own.partition else resolve_base(store, p, prev_id,
                                                                             None, record)
-        v = None if m is None else m.metrics.get("max_event_time_ms")
+        v = None if m is None else m.max_event_time_ms
         if v is not None:
             latest = int(v) if latest is None else max(latest, int(v))
     if latest is None or config.watermark is None:
@@ -85,7 +85,7 @@ def late_watermark(store, config: OperatorConfig, checkpoint_id: int,
     """
     if checkpoint_id < 1:
         return 0
-    recorded = base.metrics.get("watermark_ms") if base is not None else None
+    recorded = base.watermark_ms if base is not None else None
     if recorded is not None:
         return int(recorded)
     prev_prev = checkpoint_id - 2
