@@ -152,8 +152,8 @@ class PartitionCheckpointer:
         # the next checkpoint writes to it: it is no longer "exactly the manifest"
         self.local.clear_clean_marker()
         self.strategy.restored(instance)
-        return RestoreMetrics(manifest.checkpoint_id, self.partition, RestoreSource.RESIDENT,
-                              duration_s)
+        return RestoreMetrics(checkpoint_id=manifest.checkpoint_id, partition=self.partition,
+                              source=RestoreSource.RESIDENT, duration_s=duration_s)
 
     # --- checkpoint -------------------------------------------------------------------
 

@@ -71,8 +71,9 @@ class PartitionRestorer:
         if manifest is None:
             self.local.discard_working_dir()
             inst = self._open(self.local.working_dir)
-            return inst, RestoreMetrics(None, self.partition, RestoreSource.EMPTY,
-                                        time.perf_counter() - t0)
+            return inst, RestoreMetrics(checkpoint_id=None, partition=self.partition,
+                                        source=RestoreSource.EMPTY,
+                                        duration_s=time.perf_counter() - t0)
         validate_manifest(manifest, self.operator_id)
 
         found = self._from_working_dir(manifest, reasons)
@@ -92,9 +93,10 @@ class PartitionRestorer:
 
     def _metrics(self, m: PartitionManifest, source: RestoreSource, t0: float,
                  reasons: list[str], nbytes: int = 0, nfiles: int = 0) -> RestoreMetrics:
-        return RestoreMetrics(m.checkpoint_id, self.partition, source,
-                              time.perf_counter() - t0, nbytes, nfiles,
-                              "; ".join(reasons) or None)
+        return RestoreMetrics(checkpoint_id=m.checkpoint_id, partition=self.partition,
+                              source=source, duration_s=time.perf_counter() - t0,
+                              bytes_downloaded=nbytes, files_downloaded=nfiles,
+                              fallback_reason="; ".join(reasons) or None)
 
     def _from_working_dir(self, m: PartitionManifest, reasons: list[str]
                           ) -> RocksDBInstance | None:
