@@ -57,10 +57,8 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
         Rooted at the operator root.
     manifest : PartitionManifest
         The checkpoint, without metrics yet.
-    sync_duration_s : float
-        The synchronous part's duration.
-    async_start : float
-        ``time.perf_counter()`` when the asynchronous part started.
+    sync_duration_s, async_start : float
+        The synchronous part's duration; ``perf_counter()`` when the async part started.
     counts0 : RequestCounts or None
         The store's request counts when the checkpoint started (None: not counted).
     extra_metrics : mapping, optional
@@ -73,14 +71,12 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
     Returns
     -------
     tuple of (PartitionManifest, CheckpointMetrics)
-        The published manifest, and the metrics with the publication's time included.
+        Published, and the metrics with the publication's time included.
 
     Raises
     ------
-    WriterFencedError
-        Another run took the location over; nothing was published.
-    StorageError
-        The publication failed.
+    WriterFencedError, StorageError
+        Another run took the location over, or the publication failed: nothing published.
     """
     uploaded = [f for f in manifest.files if f.uploaded]
     metrics = CheckpointMetrics(

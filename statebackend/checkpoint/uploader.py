@@ -81,17 +81,14 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         From :func:`statebackend.checkpoint.snapshot.take_snapshot`.
     base : PartitionManifest or None
         The manifest the state was restored from; None uploads everything.
-    key_group_range : tuple of int
-        ``(first, last)`` key groups of the partition, inclusive.
-    max_parallelism : int
-        Number of key groups.
+    key_group_range, max_parallelism
+        ``(first, last)`` key groups of the partition (inclusive), of how many.
     states : sequence of StateDescriptor
         The declared states, recorded in the manifest.
     incremental : bool
         False uploads every file every time.
     extra_metrics : mapping, optional
-        The caller's metrics (e.g. the operator's running max event time), recorded in
-        the manifest.
+        The caller's metrics, recorded in the manifest.
     writer_epoch : int, optional
         The writer epoch the task holds: publication first proves it still owns the
         location (:mod:`statebackend.checkpoint.fencing`).
