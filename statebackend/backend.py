@@ -36,7 +36,13 @@ from .spark.executor import DRIVER_ID
 from .spark.group_state import check_timeout_conf, run_group_function
 from .spark.processor import run_processor
 from .spark.runner import make_task
-from .spark.task import DEFAULT_FRAME_ROWS, PTIME_COL, OperatorConfig, group_by_key
+from .spark.task import (
+    DEFAULT_FRAME_ROWS,
+    PTIME_COL,
+    OperatorConfig,
+    SavepointSource,
+    group_by_key,
+)
 from .spark.vector import vector_process
 from .state.value import MAX_BLOCKS, is_block_count
 
@@ -151,10 +157,10 @@ class RocksDBStateBackend:
         df, keys = plan.grouping_columns(grouped_data)
         op_id = operator_id or _default_operator_id(statefulProcessor)
         config = self._config(df, keys, op_id)
-        config.extra["ticks"] = ticks
+        config.ticks = ticks
         # as Spark: in event-time mode input at or before the watermark for late events
         # never reaches the processor
-        config.extra["drop_late"] = mode == "EventTime"
+        config.drop_late = mode == "EventTime"
         as_rows = flavour == "row"
         processor = statefulProcessor
         initial_pdf_holder: dict[str, Any] = {}
@@ -194,9 +200,9 @@ class RocksDBStateBackend:
         df, keys = plan.grouping_columns(grouped_data)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
-        config.extra["ticks"] = ticks
+        config.ticks = ticks
         # as Spark: with an event-time timeout, late input never reaches the function
-        config.extra["drop_late"] = timeout == GroupStateTimeout.EventTimeTimeout
+        config.drop_late = timeout == GroupStateTimeout.EventTimeTimeout
         state_schema = _struct(df.sparkSession, stateStructType)
 
         def process(backend, groups, ctx, decode):
@@ -479,20 +485,21 @@ class RocksDBStateBackend:
                               storage_options=self.storage_options, options=opts,
                               parallelism=parallelism, key=plan.key_spec(df, keys), epoch=epoch,
                               run_id=run_id,
-                              watermark=watermark, extra=self._savepoint_extra(operator_id))
+                              watermark=watermark,
+                              from_savepoint=self._savepoint_source(operator_id))
 
-    def _savepoint_extra(self, operator_id: str) -> dict[str, Any]:
+    def _savepoint_source(self, operator_id: str) -> SavepointSource | None:
         if not self.from_savepoint:
-            return {}
+            return None
         sp = self.from_savepoint
         if "/" not in sp and ":" not in sp:  # a name: this operator's savepoint of that name
             from .savepoint.writer import savepoint_dir
 
             sp = f"{self.checkpoint_location.rstrip('/')}/{operator_id}/{savepoint_dir(sp)}"
-        return {"from_savepoint": {"url": sp, "storage_options": self.storage_options}}
+        return SavepointSource(sp, self.storage_options)
 
     def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
-        if config.extra.get("ticks") and df.isStreaming:
+        if config.ticks and df.isStreaming:
             df = plan.with_ticks(df)
         placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and

@@ -14,7 +14,7 @@ from statebackend.keys.ranges import DEFAULT_MAX_PARALLELISM
 from statebackend.options import check_location, coerce_options
 from statebackend.redact import redact_options, redact_text, redact_url
 from statebackend.spark.plan import KeySpec
-from statebackend.spark.task import OperatorConfig
+from statebackend.spark.task import OperatorConfig, SavepointSource
 from statebackend.storage import open_store
 
 SECRET = "s3cr3t-Pa55"
@@ -143,13 +143,12 @@ def _config(url: str) -> OperatorConfig:
 def test_operator_config_repr_hides_storage_options_and_credentials() -> None:
     cfg = _config(f"s3://AKIA:{SECRET}@bucket/state")
     # a savepoint to start from carries its own location and storage options
-    cfg.extra["from_savepoint"] = {"url": f"s3://AKIA:{SECRET}@bucket/sp",
-                                   "storage_options": {"key": SECRET}}
-    cfg.extra["ticks"] = True
+    cfg.from_savepoint = SavepointSource(f"s3://AKIA:{SECRET}@bucket/sp", {"key": SECRET})
+    cfg.ticks = True
     text = repr(cfg) + str(cfg)
     assert SECRET not in text
     assert "s3://AKIA:***@bucket/state" in text and "'secret': ***" in text
-    assert "s3://AKIA:***@bucket/sp" in text and "'ticks': True" in text
+    assert "s3://AKIA:***@bucket/sp" in text and "ticks=True" in text
     assert cfg.max_parallelism == DEFAULT_MAX_PARALLELISM
 
 

@@ -8,60 +8,37 @@ A task for batch ``b`` of partition ``p`` does::
     manifest, cmetrics = cp.checkpoint(instance, b, attempt, key_group_range, states)
     instance.close()
 
-Restore tries, in order: the working directory when it is exactly the requested
-checkpoint and attempt and untouched since; the local secondary copy, verified file by file
-against the manifest and hard-linked into a fresh working directory; durable storage. A
-problem on either local path falls back to durable storage (logged once); a problem in
-durable storage raises :class:`CorruptStateError` and leaves no working directory behind.
+Restores go through the tiers of :class:`~.restorer.PartitionRestorer` (working
+directory, local copy, durable storage); checkpoints through the strategy of the
+checkpoint mode (:mod:`.strategy`: :class:`~.incremental.IncrementalStrategy` or
+:class:`~.changelog_mode.ChangelogStrategy`), which share one publish path
+(:mod:`.publish`). This class holds what both sides share: the partition's local
+directories, and the manifest restored, the only base a checkpoint may reuse files of.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from ..errors import CheckpointError, CommitFailedError, CorruptStateError, StorageError
-from ..local.disk import WORK_DIR, LocalCopyError, LocalRecovery, copy_in_flight
-from ..model.manifest import (
-    FileEntry,
-    MaterializationRef,
-    PartitionManifest,
-    StateDescriptor,
-    attempt_dir,
-    changelog_name,
-    check_component,
-    check_relative,
-)
+from ..errors import CheckpointError
+from ..local.disk import WORK_DIR, LocalRecovery
+from ..model.manifest import PartitionManifest, StateDescriptor, check_component
 from ..options import StateBackendOptions
 from ..rocksdb.instance import RocksDBInstance
-from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
-from ..storage.manifests import operator_store, publish_manifest
+from ..storage.manifests import operator_store
 from ..storage.priority import critical_path
-from .changelog import ChangelogWriter
-from .fencing import check_publisher
-from .materialize import (
-    Lineage,
-    materialization_due,
-    materialize_in_background,
-    materialize_inline,
-    try_adopt,
-    upload_materialization,
-)
-from .restore import (
-    download_checkpoint,
-    local_changelog_name,
-    replay_changelogs,
-    validate_manifest,
-)
+from .changelog_mode import ChangelogStrategy, start_recording, stop_recording
+from .incremental import IncrementalStrategy, SnapshotUpload
+from .publish import ManifestFacts
+from .restore import validate_manifest
+from .restorer import PartitionRestorer
 from .snapshot import LocalSnapshot, take_snapshot
+from .strategy import CheckpointRequest, CheckpointStrategy
 from .task_metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
-from .uploader import upload_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +91,11 @@ class PartitionCheckpointer:
         self.writer_epoch = writer_epoch
         self.restored_from: PartitionManifest | None = None
         self._restored = False
+        self.restorer = PartitionRestorer(self.store, self.operator_id, partition, self.local,
+                                          self.options, self._open)
+        self.strategy: CheckpointStrategy = (
+            ChangelogStrategy(self) if self.options.checkpoint_mode == "changelog"
+            else IncrementalStrategy(self))
 
     @property
     def working_dir(self) -> str:
@@ -145,37 +127,11 @@ class PartitionCheckpointer:
         UnsafePathError
             The manifest names a path outside the checkpoint root.
         """
-        inst, metrics = self._restore(manifest, list(reasons or ()))
-        if self.options.checkpoint_mode == "changelog":
-            self.start_recording(inst)
-        return inst, metrics
-
-    def _restore(self, manifest: PartitionManifest | None, reasons: list[str]
-                 ) -> tuple[RocksDBInstance, RestoreMetrics]:
-        t0 = time.perf_counter()
         self._restored = True
         self.restored_from = manifest
-        if manifest is None:
-            self.local.discard_working_dir()
-            inst = self._open(self.local.working_dir)
-            return inst, RestoreMetrics(None, self.partition, RestoreSource.EMPTY,
-                                        time.perf_counter() - t0)
-        validate_manifest(manifest, self.operator_id)
-
-        found = self._from_working_dir(manifest, reasons)
-        if found is not None:
-            return found, self._metrics(manifest, RestoreSource.WORKING_DIR, t0, reasons)
-        if self.options.local_recovery:
-            found = self._from_local_copy(manifest, reasons)
-            if found is not None:
-                return found, self._metrics(manifest, RestoreSource.LOCAL_COPY, t0, reasons)
-        if reasons:
-            # One line per restore, whatever went wrong locally: it is recoverable noise.
-            log.warning("checkpoint %d partition %d: restoring from durable storage (%s)",
-                        manifest.checkpoint_id, manifest.partition, "; ".join(reasons))
-        inst, nbytes, nfiles = self._from_durable(manifest)
-        return inst, self._metrics(manifest, RestoreSource.DURABLE, t0, reasons,
-                                   nbytes, nfiles)
+        inst, metrics = self.restorer.restore(manifest, list(reasons or ()))
+        self.strategy.restored(inst)
+        return inst, metrics
 
     def resume(self, manifest: PartitionManifest, instance: RocksDBInstance,
                duration_s: float = 0.0) -> RestoreMetrics:
@@ -183,7 +139,7 @@ class PartitionCheckpointer:
 
         The caller vouches that the instance holds exactly the state of ``manifest`` (it
         took that checkpoint and nothing was written since: see
-        :class:`statebackend.local.resident.ResidentInstances`); the next checkpoint
+        :class:`statebackend.recovery.resident.ResidentInstances`); the next checkpoint
         reuses the files of ``manifest`` as it would after :meth:`restore`.
         """
         validate_manifest(manifest, self.operator_id)
@@ -195,102 +151,9 @@ class PartitionCheckpointer:
         self.local.use_working_dir(os.path.basename(instance.path))
         # the next checkpoint writes to it: it is no longer "exactly the manifest"
         self.local.clear_clean_marker()
-        if self.options.checkpoint_mode == "changelog":
-            self.start_recording(instance)
-        return RestoreMetrics(manifest.checkpoint_id, self.partition, RestoreSource.RESIDENT,
-                              duration_s)
-
-    def _metrics(self, m: PartitionManifest, source: RestoreSource, t0: float,
-                 reasons: list[str], nbytes: int = 0, nfiles: int = 0) -> RestoreMetrics:
-        return RestoreMetrics(m.checkpoint_id, self.partition, source,
-                              time.perf_counter() - t0, nbytes, nfiles,
-                              "; ".join(reasons) or None)
-
-    def _from_working_dir(self, m: PartitionManifest, reasons: list[str]
-                          ) -> RocksDBInstance | None:
-        if m.partition != self.partition:
-            return None
-        marker = self.local.working_dir_matches(m.checkpoint_id, m.attempt)
-        if marker is None:
-            return None
-        # Opening for writing ends "clean": remove the marker first, so a crash while
-        # open can never make a modified directory look committed.
-        self.local.clear_clean_marker()
-        try:
-            inst = self._open(self.local.working_dir)
-        except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
-            reasons.append(f"working directory does not open ({exc})")
-            return None
-        if marker.sequence_number is not None:
-            seq = int(inst.db.latest_sequence_number())
-            if seq != marker.sequence_number:
-                inst.close()
-                reasons.append(f"working directory was written after checkpoint "
-                               f"{m.checkpoint_id} (sequence {seq} != "
-                               f"{marker.sequence_number})")
-                return None
-        return inst
-
-    def _from_local_copy(self, m: PartitionManifest, reasons: list[str]
-                         ) -> RocksDBInstance | None:
-        copy_root = LocalRecovery(os.path.dirname(os.path.dirname(self.local.partition_dir)),
-                                  self.operator_id, m.partition)
-        ref = m.snapshot_ref
-        if ref is None:
-            # changelogs only (no materialization yet): local when every changelog is here
-            if not all(os.path.exists(os.path.join(copy_root.changelogs_dir,
-                                                   local_changelog_name(f)))
-                       for f in m.changelog_files):
-                return None
-        elif not os.path.isdir(copy_root.copy_dir(ref.checkpoint_id, ref.attempt)):
-            return None  # never kept here (other executor): not a problem worth a warning
-        try:
-            if ref is None:
-                path = self.local.install_working_dir(self.local.fresh_dir())
-            else:
-                d = copy_root.verify_copy(m, threads=max(2, self.options.download_threads))
-                path = self.local.materialize_copy(d, m.db_files)
-        except (LocalCopyError, OSError) as exc:
-            reasons.append(f"local copy unusable: {exc}")
-            return None
-        try:
-            inst = self._open(path)
-        except Exception as exc:  # noqa: BLE001 - RocksDB refusing to open: fall back
-            reasons.append(f"local copy does not open ({exc})")
-            return None
-        try:
-            # local changelogs first, each verified against the manifest; else durable
-            replay_changelogs(inst, self.store, m, copy_root.changelogs_dir)
-        except BaseException:
-            inst.close()
-            self.local.discard_working_dir()
-            raise
-        return inst
-
-    def _from_durable(self, m: PartitionManifest) -> tuple[RocksDBInstance, int, int]:
-        tmp = self.local.fresh_dir()
-        try:
-            nbytes, nfiles = download_checkpoint(self.store, m, tmp)
-            path = self.local.install_working_dir(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        try:
-            inst = self._open(path)
-        except Exception as exc:  # noqa: BLE001 - verified files that do not open: corrupt
-            self.local.discard_working_dir()
-            raise CorruptStateError(
-                f"checkpoint {m.checkpoint_id} partition {m.partition}: files downloaded "
-                f"from durable storage passed their checksums but RocksDB refuses to open "
-                f"them ({exc})", checkpoint_id=m.checkpoint_id, partition=m.partition,
-                path=m.path) from exc
-        try:
-            nbytes += replay_changelogs(inst, self.store, m, self.local.changelogs_dir)
-        except BaseException:
-            inst.close()
-            self.local.discard_working_dir()
-            raise
-        return inst, nbytes, nfiles + len(m.changelog_files)
+        self.strategy.restored(instance)
+        return RestoreMetrics(checkpoint_id=manifest.checkpoint_id, partition=self.partition,
+                              source=RestoreSource.RESIDENT, duration_s=duration_s)
 
     # --- checkpoint -------------------------------------------------------------------
 
@@ -326,8 +189,10 @@ class PartitionCheckpointer:
         ``base_manifest`` defaults to the manifest this checkpointer restored from; passing
         another one than that is refused (invariant 4).
         """
+        request = self._request(snapshot.checkpoint_id, snapshot.attempt, key_group_range,
+                                states, base_manifest, None)
         with critical_path():
-            manifest, _metrics = self._upload(snapshot, base_manifest, key_group_range, states)
+            manifest, _metrics = SnapshotUpload(self, snapshot, request).run()
         return manifest
 
     def checkpoint(self, instance: RocksDBInstance, checkpoint_id: int, attempt: str,
@@ -335,6 +200,7 @@ class PartitionCheckpointer:
                    states: Sequence[StateDescriptor] = (),
                    base_manifest: PartitionManifest | None = None,
                    extra_metrics: Mapping[str, Any] | None = None,
+                   facts: ManifestFacts | None = None,
                    ) -> tuple[PartitionManifest, CheckpointMetrics]:
         """Take checkpoint ``checkpoint_id`` of the instance: sync snapshot, then upload.
 
@@ -352,6 +218,10 @@ class PartitionCheckpointer:
             Declared states, recorded in the manifest.
         base_manifest : PartitionManifest, optional
             Defaults to the restored manifest.
+        extra_metrics : mapping, optional
+            The caller's metrics, recorded in the manifest.
+        facts : ManifestFacts, optional
+            The caller's typed manifest fields (key types, event time, watermark).
 
         Returns
         -------
@@ -363,17 +233,22 @@ class PartitionCheckpointer:
         StorageError, CheckpointError
             The durable copy failed; nothing was published.
         """
+        check_component(attempt)
+        request = self._request(checkpoint_id, attempt, key_group_range, states,
+                                base_manifest, extra_metrics, facts)
         # the whole checkpoint is on the batch's critical path: background
         # materializations of this process start no upload meanwhile
         with critical_path():
-            if self.options.checkpoint_mode == "changelog":
-                return self._changelog_checkpoint(instance, checkpoint_id, attempt,
-                                                  key_group_range, states, base_manifest,
-                                                  extra_metrics)
-            self.stop_recording(instance)
-            snapshot = self.snapshot_sync(instance, checkpoint_id, attempt)
-            return self._upload(snapshot, base_manifest, key_group_range, states,
-                                extra_metrics)
+            operation = self.strategy.sync_part(instance, request)
+            return operation.run()
+
+    def _request(self, checkpoint_id: int, attempt: str,
+                 key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor],
+                 base: PartitionManifest | None, extra_metrics: Mapping[str, Any] | None,
+                 facts: ManifestFacts | None = None) -> CheckpointRequest:
+        kgr = key_group_range or (0, self.options.max_parallelism - 1)
+        return CheckpointRequest.of(checkpoint_id, attempt, kgr, states,
+                                    self._check_base(base), extra_metrics, facts)
 
     # --- changelog mode ---------------------------------------------------------------
 
@@ -383,191 +258,11 @@ class PartitionCheckpointer:
         :meth:`restore` calls it in changelog mode; a caller that keeps an instance open
         after :meth:`checkpoint` calls it before the next batch writes.
         """
-        self.stop_recording(instance)
-        instance.changelog = ChangelogWriter(self.local.recording_path())
+        start_recording(self.local, instance)
 
     def stop_recording(self, instance: RocksDBInstance) -> None:
         """Discard an unfinished recording (its writes are not part of any checkpoint)."""
-        rec = getattr(instance, "changelog", None)
-        instance.changelog = None
-        if rec is not None:
-            rec.abort()
-
-    def _changelog_checkpoint(self, instance: RocksDBInstance, n: int, attempt: str,
-                              key_group_range: tuple[int, int] | None,
-                              states: Sequence[StateDescriptor],
-                              base: PartitionManifest | None,
-                              extra_metrics: Mapping[str, Any] | None,
-                              ) -> tuple[PartitionManifest, CheckpointMetrics]:
-        """Make the batch's changelog durable and publish a manifest naming the base
-        materialization and every changelog after it; maybe start a materialization."""
-        check_component(attempt)
-        base = self._check_base(base)
-        rec = instance.changelog
-        if rec is None or rec.closed:
-            raise CheckpointError(
-                f"checkpoint {n} partition {self.partition}: changelog mode needs the "
-                f"instance's writes recorded since its restore, and none were; restore it "
-                f"with this checkpointer (or call start_recording before writing)")
-        t0 = time.perf_counter()
-        instance.changelog = None
-        kgr = key_group_range or (0, self.options.max_parallelism - 1)
-        local_log = self.local.changelog_path(n, attempt)
-        snapshot = None
-        try:
-            stats = rec.finish(base=-1 if base is None else base.checkpoint_id, batch=n)
-            os.replace(rec.path, local_log)
-            counts0 = self.store.request_counts()
-            lineage = Lineage.of(base)
-            if base is not None and base.partition != self.partition:
-                # rescaled: the old partition's materialization in flight is not ours to
-                # adopt (its changelogs, replayed before this batch's, still are the state)
-                lineage = lineage.without_pending()
-            lineage, adoption = try_adopt(self.store, lineage, self.partition, n,
-                                          self.options.materialize_interval,
-                                          self._materialization_uploading)
-            inline = materialize_inline(lineage, stats.size)
-            if inline or materialization_due(lineage, n, stats.size,
-                                             self.options.materialize_interval,
-                                             self.options.materialize_changelog_ratio):
-                snapshot = self.snapshot_sync(instance, n, attempt)
-                lineage = replace(lineage, pending=MaterializationRef(n, attempt))
-            sync_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            if inline:
-                lineage, own = self._materialize_now(snapshot, lineage, kgr, states), ()
-            else:
-                own = (self._upload_changelog(local_log, n, attempt, stats),)
-            manifest = PartitionManifest(
-                operator_id=self.operator_id, partition=self.partition, checkpoint_id=n,
-                attempt=attempt, key_group_start=kgr[0], key_group_end=kgr[1],
-                max_parallelism=self.options.max_parallelism,
-                files=lineage.db_files + lineage.changelogs + own,
-                base_checkpoint_id=None if base is None else base.checkpoint_id,
-                states=tuple(states), created_at_ms=int(time.time() * 1000),
-                mode="changelog", materialization=lineage.materialization,
-                pending_materialization=lineage.pending, writer_epoch=self.writer_epoch)
-            metrics = CheckpointMetrics(
-                checkpoint_id=n, partition=self.partition, attempt=attempt,
-                sync_duration_s=sync_s, async_duration_s=time.perf_counter() - t1,
-                bytes_uploaded=manifest.incremental_size,
-                files_uploaded=sum(f.uploaded for f in manifest.files),
-                files_reused=sum(not f.uploaded for f in manifest.files),
-                full_size=manifest.full_size,
-                incremental_size=manifest.incremental_size)
-            changelog = {"records": stats.records, "raw_bytes": stats.raw_bytes,
-                         "bytes": stats.size, "since_materialization":
-                         lineage.changelog_size + sum(f.size for f in own),
-                         "adoption": adoption,
-                         "materialization_started": snapshot is not None and not inline,
-                         "materialized_inline": inline}
-            extra = dict(extra_metrics or {})
-            counts1 = self.store.request_counts()
-            if counts0 is not None and counts1 is not None:
-                # the changelog's requests, the adoption's read, plus the manifest's PUT
-                extra["checkpoint_requests"] = (counts1 - counts0
-                                                + RequestCounts(
-                                                    put=1, head=int(self.writer_epoch is not None))
-                                                ).to_dict()
-            manifest = manifest.with_metrics(**extra, **metrics.to_dict(), changelog=changelog)
-            check_publisher(self.store, manifest)
-            publish_manifest(self.store, manifest)
-        except BaseException:
-            rec.abort()
-            if snapshot is not None:
-                self.local.remove_copy(snapshot.directory)
-            try:
-                os.unlink(local_log)
-            except OSError:
-                pass
-            raise
-        metrics = replace(metrics, async_duration_s=time.perf_counter() - t1)
-        if inline:
-            os.unlink(local_log)  # the materialization holds this batch's writes
-        elif snapshot is not None:
-            materialize_in_background(self.store, snapshot, lineage.db_files,
-                                      key_group_range=kgr,
-                                      max_parallelism=self.options.max_parallelism,
-                                      states=states)
-        self._keep_changelog_local(instance, manifest, local_log)
-        return manifest, metrics
-
-    def _materialization_uploading(self, ref: MaterializationRef) -> bool:
-        """Whether a live process of this machine still uploads materialization ``ref``
-        of this partition (its local copy is marked in flight)."""
-        return copy_in_flight(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
-
-    def _upload_changelog(self, local_log: str, n: int, attempt: str, stats) -> FileEntry:
-        """Upload batch ``n``'s changelog (critical path); its durable entry."""
-        adir = attempt_dir(n, self.partition, attempt)
-        name = changelog_name(n)
-        try:
-            # no listing first: the upload refuses an existing name (a reused attempt)
-            (t,) = self.store.put_files([(local_log, check_relative(f"{adir}/{name}"))])
-        except StorageError as exc:
-            if isinstance(exc.__cause__, FileExistsError):
-                raise CommitFailedError(
-                    f"checkpoint {n} partition {self.partition}: attempt {attempt!r} "
-                    f"already wrote {adir}/{name}; durable files are never overwritten, "
-                    f"so retry under a fresh attempt name") from exc
-            raise
-        if (t.size, t.checksum) != (stats.size, stats.checksum):
-            raise StorageError(f"checkpoint {n} partition {self.partition}: changelog "
-                               f"changed while uploading ({stats.size} bytes "
-                               f"{stats.checksum} -> {t.size} {t.checksum})")
-        return FileEntry(name, t.path, t.size, t.checksum, shared=True, uploaded=True)
-
-    def _materialize_now(self, snapshot: LocalSnapshot, lineage: Lineage,
-                         kgr: tuple[int, int], states: Sequence[StateDescriptor]) -> Lineage:
-        """Upload the materialization ``snapshot`` in the critical path (see
-        :func:`~.materialize.materialize_inline`) and adopt it at once: the checkpoint
-        names it and no changelog (its files uploaded now are marked ``uploaded``)."""
-        published = upload_materialization(
-            self.store, snapshot, lineage.db_files, key_group_range=kgr,
-            max_parallelism=self.options.max_parallelism, states=states, background=False)
-        return Lineage(lineage.pending, published.files, ())
-
-    def _keep_changelog_local(self, instance: RocksDBInstance, manifest: PartitionManifest,
-                              local_log: str) -> None:
-        """Clean marker and local copies after publication; never fails the checkpoint."""
-        try:
-            if instance.path == self.local.working_dir:
-                self.local.write_clean_marker(manifest.checkpoint_id, manifest.attempt,
-                                              int(instance.db.latest_sequence_number()))
-            if self.options.local_recovery:
-                keep = []
-                if manifest.materialization is not None:
-                    ref = manifest.materialization
-                    keep.append(self.local.copy_dir(ref.checkpoint_id, ref.attempt))
-                self.local.retain(keep=keep)
-                self.local.prune_changelogs(manifest.materialized_id, keep=[local_log])
-            else:
-                self.local.prune_changelogs(None)
-                if os.path.exists(local_log):
-                    os.unlink(local_log)
-                self.local.retain()
-        except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
-            log.warning("checkpoint %d partition %d: keeping the local changelog failed",
-                        manifest.checkpoint_id, self.partition, exc_info=True)
-
-    def _upload(self, snapshot: LocalSnapshot, base: PartitionManifest | None,
-                key_group_range: tuple[int, int] | None, states: Sequence[StateDescriptor],
-                extra_metrics: Mapping[str, Any] | None = None,
-                ) -> tuple[PartitionManifest, CheckpointMetrics]:
-        base = self._check_base(base)
-        kgr = key_group_range or (0, self.options.max_parallelism - 1)
-        try:
-            manifest, metrics = upload_snapshot(
-                self.store, snapshot, base=base, key_group_range=kgr,
-                max_parallelism=self.options.max_parallelism, states=states,
-                incremental=self.options.incremental, extra_metrics=extra_metrics,
-                writer_epoch=self.writer_epoch)
-        except BaseException:
-            # The snapshot of an unpublished checkpoint is no secondary copy of anything.
-            self.local.remove_copy(snapshot.directory)
-            raise
-        self._keep_local(snapshot)
-        return manifest, metrics
+        stop_recording(instance)
 
     def _check_base(self, base: PartitionManifest | None) -> PartitionManifest | None:
         if not self._restored:
@@ -580,18 +275,3 @@ class PartitionCheckpointer:
                                   f"restored from ({restored}); only files of the restored "
                                   f"checkpoint may be reused")
         return base
-
-    def _keep_local(self, snapshot: LocalSnapshot) -> None:
-        """Secondary copy and clean marker after publication; never fails the checkpoint."""
-        try:
-            if snapshot.working_dir == self.local.working_dir:
-                self.local.write_clean_marker(snapshot.checkpoint_id, snapshot.attempt,
-                                              snapshot.sequence_number)
-            if self.options.local_recovery and self.options.num_local_retained > 0:
-                self.local.retain(keep=[snapshot.directory])
-            else:
-                self.local.remove_copy(snapshot.directory)
-                self.local.retain()
-        except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
-            log.warning("checkpoint %d partition %d: keeping the local copy failed",
-                        snapshot.checkpoint_id, snapshot.partition, exc_info=True)

@@ -17,7 +17,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from ..errors import CheckpointError, CommitFailedError, StorageError
@@ -29,11 +28,9 @@ from ..model.manifest import (
     attempt_dir,
     check_relative,
 )
-from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from ..storage.checksum import file_crc32
-from ..storage.manifests import publish_manifest
-from .fencing import check_publisher
+from .publish import ManifestFacts, publish_checkpoint
 from .snapshot import LocalSnapshot
 from .task_metrics import CheckpointMetrics
 
@@ -72,7 +69,7 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
                     base: PartitionManifest | None, key_group_range: tuple[int, int],
                     max_parallelism: int, states: Sequence[StateDescriptor] = (),
                     incremental: bool = True, extra_metrics: Mapping[str, Any] | None = None,
-                    writer_epoch: int | None = None,
+                    writer_epoch: int | None = None, facts: ManifestFacts | None = None,
                     ) -> tuple[PartitionManifest, CheckpointMetrics]:
     """Upload ``snapshot`` into ``store`` (rooted at the operator root) and publish its manifest.
 
@@ -84,17 +81,19 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         From :func:`statebackend.checkpoint.snapshot.take_snapshot`.
     base : PartitionManifest or None
         The manifest the state was restored from; None uploads everything.
-    key_group_range : tuple of int
-        ``(first, last)`` key groups of the partition, inclusive.
-    max_parallelism : int
-        Number of key groups.
+    key_group_range, max_parallelism
+        ``(first, last)`` key groups of the partition (inclusive), of how many.
     states : sequence of StateDescriptor
         The declared states, recorded in the manifest.
     incremental : bool
         False uploads every file every time.
+    extra_metrics : mapping, optional
+        The caller's metrics, recorded in the manifest.
     writer_epoch : int, optional
         The writer epoch the task holds: publication first proves it still owns the
         location (:mod:`statebackend.checkpoint.fencing`).
+    facts : ManifestFacts, optional
+        The caller's typed manifest fields (key types, event time, watermark).
 
     Returns
     -------
@@ -110,11 +109,39 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
     t0 = time.perf_counter()
     counts0 = store.request_counts()
     n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
+    manifest = PartitionManifest(
+        operator_id=snapshot.operator_id, partition=p, checkpoint_id=n, attempt=attempt,
+        key_group_start=key_group_range[0], key_group_end=key_group_range[1],
+        max_parallelism=max_parallelism,
+        files=upload_new_files(store, snapshot, plan_reuse(snapshot, base, incremental)),
+        base_checkpoint_id=None if base is None else base.checkpoint_id,
+        states=tuple(states), created_at_ms=int(time.time() * 1000),
+        writer_epoch=writer_epoch)
+    manifest, metrics = publish_checkpoint(
+        store, manifest, sync_duration_s=snapshot.sync_duration_s, async_start=t0,
+        counts0=counts0, extra_metrics=extra_metrics, facts=facts)
+    log.info("checkpoint %d partition %d attempt %s: uploaded %d file(s), %d bytes; reused %d",
+             n, p, attempt, metrics.files_uploaded, metrics.bytes_uploaded,
+             metrics.files_reused)
+    return manifest, metrics
+
+
+def upload_new_files(store: DurableStore, snapshot: LocalSnapshot,
+                     reuse: Mapping[str, FileEntry]) -> tuple[FileEntry, ...]:
+    """Upload the files of ``snapshot`` not in ``reuse`` (name -> base entry) under the
+    attempt's directory; the durable entry of every file of the snapshot, in order.
+
+    Raises
+    ------
+    CommitFailedError
+        This attempt's directory already holds files (a name was reused).
+    StorageError
+        An upload failed, or a file changed while uploading.
+    """
+    n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
     adir = attempt_dir(n, p, attempt)
-    reuse = plan_reuse(snapshot, base, incremental)
-    to_upload = [f for f in snapshot.files if f.name not in reuse]
     pairs = [(os.path.join(snapshot.directory, f.name), check_relative(f"{adir}/{f.name}"))
-             for f in to_upload]
+             for f in snapshot.files if f.name not in reuse]
 
     def reused_name(what: str) -> CommitFailedError:
         return CommitFailedError(
@@ -134,48 +161,17 @@ def upload_snapshot(store: DurableStore, snapshot: LocalSnapshot, *,
         if isinstance(exc.__cause__, FileExistsError):
             raise reused_name("wrote files") from exc
         raise
-
     entries = []
     for f in snapshot.files:
         if f.name in reuse:
             b = reuse[f.name]
             entries.append(FileEntry(f.name, b.path, b.size, b.checksum, shared=True,
                                      uploaded=False))
-        else:
-            t = transfers[f"{adir}/{f.name}"]
-            if t.size != f.size:
-                raise StorageError(f"checkpoint {n} partition {p}: {f.name} changed while "
-                                   f"uploading ({f.size} -> {t.size} bytes)")
-            entries.append(FileEntry(f.name, t.path, t.size, t.checksum, shared=f.shared,
-                                     uploaded=True))
-    manifest = PartitionManifest(
-        operator_id=snapshot.operator_id, partition=p, checkpoint_id=n, attempt=attempt,
-        key_group_start=key_group_range[0], key_group_end=key_group_range[1],
-        max_parallelism=max_parallelism, files=tuple(entries),
-        base_checkpoint_id=None if base is None else base.checkpoint_id,
-        states=tuple(states), created_at_ms=int(time.time() * 1000),
-        writer_epoch=writer_epoch)
-    metrics = CheckpointMetrics(
-        checkpoint_id=n, partition=p, attempt=attempt,
-        sync_duration_s=snapshot.sync_duration_s,
-        async_duration_s=time.perf_counter() - t0,
-        bytes_uploaded=sum(t.size for t in transfers.values()),
-        files_uploaded=len(transfers), files_reused=len(reuse),
-        full_size=manifest.full_size, incremental_size=manifest.incremental_size)
-    # caller's metrics (e.g. the operator's running max event time) go in before publication
-    extra = dict(extra_metrics or {})
-    counts1 = store.request_counts()
-    if counts0 is not None and counts1 is not None:
-        # The uploads' requests, plus the manifest's own PUT (it cannot count itself) and
-        # the fencing check just before it
-        own = RequestCounts(put=1, head=0 if writer_epoch is None else 1)
-        extra["checkpoint_requests"] = (counts1 - counts0 + own).to_dict()
-    manifest = manifest.with_metrics(**extra, **metrics.to_dict())
-    check_publisher(store, manifest)
-    publish_manifest(store, manifest)
-    # The manifest cannot hold its own publication time; the returned metrics do.
-    metrics = replace(metrics, async_duration_s=time.perf_counter() - t0)
-    log.info("checkpoint %d partition %d attempt %s: uploaded %d file(s), %d bytes; reused %d",
-             n, p, attempt, metrics.files_uploaded, metrics.bytes_uploaded,
-             metrics.files_reused)
-    return manifest, metrics
+            continue
+        t = transfers[f"{adir}/{f.name}"]
+        if t.size != f.size:
+            raise StorageError(f"checkpoint {n} partition {p}: {f.name} changed while "
+                               f"uploading ({f.size} -> {t.size} bytes)")
+        entries.append(FileEntry(f.name, t.path, t.size, t.checksum, shared=f.shared,
+                                 uploaded=True))
+    return tuple(entries)

@@ -240,6 +240,13 @@ class PartitionManifest:
     # the writer epoch (statebackend.checkpoint.fencing) its task published under; None:
     # written without fencing
     writer_epoch: int | None = None
+    # Correctness data, not metrics: how readers of the state (read_state, savepoints,
+    # the CLI) decode grouping keys, the partition's running max event time and the
+    # watermark its batch ran with (the next batches' watermarks derive from them)
+    key_columns: tuple[str, ...] = ()
+    key_types: tuple[str, ...] = ()
+    max_event_time_ms: int | None = None
+    watermark_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -313,6 +320,8 @@ class PartitionManifest:
             d["states"] = tuple(StateDescriptor(**s) for s in d.get("states", ()))
             d["materialization"] = _ref(d.get("materialization"))
             d["pending_materialization"] = _ref(d.get("pending_materialization"))
+            d["key_columns"] = tuple(d.get("key_columns", ()))
+            d["key_types"] = tuple(d.get("key_types", ()))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
             raise

@@ -294,10 +294,10 @@ def _copy_partitions(op_store: DurableStore, record: CompletedCheckpoint, sp_dir
     recorded = read_recorded_manifests(op_store, record)
     for i, p in enumerate(sorted(record.manifests)):
         m = recorded[p]
-        for k in ("key_columns", "key_types"):
+        for k, v in (("key_columns", m.key_columns), ("key_types", m.key_types)):
             # How grouping keys decode: a max_parallelism migration rehashes them.
-            if k not in copied.key_info and m.metrics.get(k):
-                copied.key_info[k] = list(m.metrics[k])
+            if k not in copied.key_info and v:
+                copied.key_info[k] = list(v)
         rng = KeyGroupRange(m.key_group_start, m.key_group_end)
         fname = data_file_name(rng.start, rng.end)
         local_file = os.path.join(scratch, fname)
@@ -325,7 +325,7 @@ def _max_event_time(op_store: DurableStore, record: CompletedCheckpoint) -> int 
     best = None
     for path in record.manifests.values():
         try:
-            v = read_manifest(op_store, path).metrics.get("max_event_time_ms")
+            v = read_manifest(op_store, path).max_event_time_ms
         except (FileNotFoundError, CorruptStateError):
             continue
         if v is not None:

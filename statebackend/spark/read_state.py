@@ -5,8 +5,8 @@ Each partition's files are downloaded (size and CRC32 verified) into a private t
 directory, opened there with :class:`~statebackend.rocksdb.instance.RocksDBInstance` and
 scanned; the durable checkpoint is only read, and the temporary copy is removed after the
 partition is read. Values are decoded with the codecs of the state descriptors the
-manifests record; grouping keys with the key types the runner records in every manifest's
-metrics (``key_types``, ``key_columns``).
+manifests record; grouping keys with the key types the runner records in every manifest
+(its typed ``key_types`` and ``key_columns`` fields).
 
 One row per stored entry:
 

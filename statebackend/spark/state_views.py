@@ -224,9 +224,8 @@ def load_checkpoint(store: DurableStore, operator_id: str, checkpoint_id: int | 
                 raise CorruptStateError(f"checkpoint {record.checkpoint_id}: state {d.name!r} "
                                         f"has different schemas in different partitions",
                                         checkpoint_id=record.checkpoint_id, path=m.path)
-        if m.metrics.get("key_types") is not None:
-            recorded.add((tuple(m.metrics["key_types"]),
-                          tuple(m.metrics.get("key_columns") or ())))
+        if m.key_types:
+            recorded.add((m.key_types, m.key_columns))
     columns, types = _key_columns(recorded, key_types,
                                   f"checkpoint {record.checkpoint_id} of {operator_id!r}")
     return CheckpointView(record, manifests, columns, types, states)

@@ -1,16 +1,24 @@
-"""Executor side: what one Spark task does for one partition of a stateful operator.
+"""Executor side: what one Spark task must do for one partition of a stateful operator,
+and the pieces it is made of (the operator's configuration, the task's input, rows
+grouped by key, the task's identity).
 
-For micro-batch (or epoch) ``b`` of partition ``p``:
+:func:`statebackend.spark.runner.run_partition` runs it, for micro-batch (or epoch) ``b``
+of partition ``p``:
 
-1. read the whole input of the partition (Spark gives every partition a task every batch,
+1. input: read the partition's input (Spark gives every partition a task every batch,
    empty ones included; ``map_in_pandas`` reads its first ``frame_rows`` here and the rest
-   as its function asks for it, see :class:`TaskInput`),
-2. restore the state committed for ``b - 1`` (working dir -> local copy -> durable),
-3. group the rows by key as slices of one sorted frame and run the user's code against
-   the keyed state (inputs first, then expired timers, as Spark does),
-4. checkpoint ``b`` (flush + native checkpoint, upload what is new, publish the manifest),
-5. close the instance, and only then yield the output, so a task whose checkpoint failed
-   produces nothing and Spark's retry starts from the same committed state (invariant 1).
+   as its function asks for it, see :class:`TaskInput`), before any state is touched;
+2. open: restore the state committed for ``b - 1``
+   (:meth:`~statebackend.spark.partition_state.PartitionState.load`: the instance this
+   process kept open, one handed over, the working directory, the local copy, durable
+   storage, a rescale or a savepoint);
+3. process: group the rows by key as slices of one sorted frame and run the user's code
+   against the keyed state (inputs first, then expired timers, as Spark does);
+4. commit: checkpoint ``b`` (flush + native checkpoint or changelog, upload what is new,
+   publish the manifest), then close the instance, or keep it open for the partition's
+   next task (``keep_instances_open``) once its checkpoint is published;
+5. emit: only then yield the output, so a task whose checkpoint failed produces nothing
+   and Spark's retry starts from the same committed state (invariant 1).
 """
 
 from __future__ import annotations
@@ -29,9 +37,8 @@ import pandas as pd
 from ..errors import StateBackendError
 from ..keys.grouping_key import decode_grouping_key, encode_grouping_keys, encode_keys_with_groups
 from ..keys.ranges import DEFAULT_MAX_PARALLELISM, key_group_range
-from ..model.manifest import PartitionManifest
 from ..options import StateBackendOptions
-from ..redact import redact_nested, redact_options, redact_url
+from ..redact import redact_options, redact_url
 from .executor import current_executor_id
 from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
@@ -51,9 +58,30 @@ ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
 DEFAULT_FRAME_ROWS = 1_000_000
 
 
+@dataclass(frozen=True)
+class SavepointSource:
+    """A savepoint a new operator's state starts from: its location and storage options."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # a savepoint's location and options may hold credentials, as the state's do
+        return (f"SavepointSource(url={redact_url(self.url)!r}, "
+                f"storage_options={redact_options(self.storage_options)})")
+
+
 @dataclass
 class OperatorConfig:
-    """Everything a task needs, shipped (pickled) to the executors with the operator."""
+    """Everything a task needs, shipped (pickled) to the executors with the operator.
+
+    The last five fields say how the operator reads its input: ``ticks`` (the plan adds
+    tick rows so timers fire in batches without input), ``drop_late`` (input at or before
+    the previous batch's watermark never reaches the user's code, as Spark's event-time
+    operators drop it), ``per_key`` (rows grouped by key; False: ``map_in_pandas``, which
+    reads frames of ``frame_rows`` rows, None: the whole input as one frame) and
+    ``from_savepoint`` (where a state with no checkpoint yet starts from).
+    """
 
     operator_id: str
     checkpoint_location: str
@@ -64,7 +92,11 @@ class OperatorConfig:
     epoch: int | None = None  # batch jobs: the checkpoint id of this run
     run_id: str | None = None  # batch jobs: the writer identity of this run (fencing)
     watermark: tuple[str, int] | None = None  # (event-time column, delay ms)
-    extra: dict[str, Any] = field(default_factory=dict)
+    ticks: bool = False
+    drop_late: bool = False
+    per_key: bool = True
+    frame_rows: int | None = None
+    from_savepoint: SavepointSource | None = None
 
     @property
     def max_parallelism(self) -> int:
@@ -76,7 +108,9 @@ class OperatorConfig:
                 f"{redact_url(self.checkpoint_location)!r}, storage_options="
                 f"{redact_options(self.storage_options)}, options={self.options!r}, "
                 f"parallelism={self.parallelism!r}, key={self.key!r}, epoch={self.epoch!r}, "
-                f"watermark={self.watermark!r}, extra={redact_nested(self.extra)!r})")
+                f"watermark={self.watermark!r}, ticks={self.ticks!r}, "
+                f"drop_late={self.drop_late!r}, per_key={self.per_key!r}, "
+                f"frame_rows={self.frame_rows!r}, from_savepoint={self.from_savepoint!r})")
 
 
 @dataclass
@@ -356,10 +390,3 @@ def event_time_ms(column: pd.Series) -> np.ndarray:
 
 def kg_range_of(config: OperatorConfig, partition: int):
     return key_group_range(partition, config.parallelism, config.max_parallelism)
-
-
-def manifest_event_time(manifest: PartitionManifest | None) -> int | None:
-    if manifest is None:
-        return None
-    v = manifest.metrics.get("max_event_time_ms")
-    return None if v is None else int(v)

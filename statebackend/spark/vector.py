@@ -193,7 +193,7 @@ def vector_process(func, config, state_schema, value_blocks: int | None = None,
     partition's input in frames of ``frame_rows`` (see :class:`~.task.TaskInput`), with a
     :class:`KeyedColumnState` confined to its key groups. Sets ``config`` up for it: no
     per-key grouping, the frame size."""
-    config.extra.update(per_key=False, frame_rows=frame_rows)
+    config.per_key, config.frame_rows = False, frame_rows
 
     def process(backend, groups, ctx, decode):
         state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,

@@ -19,9 +19,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from statebackend.checkpoint import PartitionCheckpointer
-from statebackend.checkpoint import checkpointer as checkpointer_mod
+from statebackend.checkpoint import PartitionCheckpointer, RestoreSource
+from statebackend.checkpoint import changelog_mode as changelog_mode_mod
 from statebackend.checkpoint import materialize as materialize_mod
+from statebackend.checkpoint import publish as publish_mod
 from statebackend.checkpoint.changelog import ChangelogWriter, read_records, replay
 from statebackend.checkpoint.materialize import (
     Lineage,
@@ -30,7 +31,6 @@ from statebackend.checkpoint.materialize import (
     upload_materialization,
     wait_for_materializations,
 )
-from statebackend.checkpoint.task_metrics import RestoreSource
 from statebackend.coordinator import (
     CheckpointCoordinator,
     RegisteredCheckpoint,
@@ -157,7 +157,7 @@ class Background:
 @pytest.fixture
 def background(monkeypatch: pytest.MonkeyPatch) -> Background:
     bg = Background()
-    monkeypatch.setattr(checkpointer_mod, "materialize_in_background", bg.submit)
+    monkeypatch.setattr(changelog_mode_mod, "materialize_in_background", bg.submit)
     return bg
 
 
@@ -258,10 +258,10 @@ steps = st.lists(st.tuples(
 def test_any_writes_crashes_and_materializations_restore_the_model(
         scenario: list[tuple], interval: int) -> None:
     bg = Background()
-    orig = checkpointer_mod.materialize_in_background
-    orig_publish = checkpointer_mod.publish_manifest
+    orig = changelog_mode_mod.materialize_in_background
+    orig_publish = publish_mod.publish_manifest
     orig_min = materialize_mod.MIN_CHANGELOG_BYTES
-    checkpointer_mod.materialize_in_background = bg.submit  # type: ignore[assignment]
+    changelog_mode_mod.materialize_in_background = bg.submit  # type: ignore[assignment]
     # small enough that a batch writing more than the state (the first one, or after an
     # abandoned materialization) materializes in its own critical path
     materialize_mod.MIN_CHANGELOG_BYTES = 64
@@ -285,10 +285,10 @@ def test_any_writes_crashes_and_materializations_restore_the_model(
             if outcome == "unpublished":  # changelog uploaded, manifest never published
                 def fail(*_a: Any) -> None:
                     raise StorageError("injected: publication lost")
-                checkpointer_mod.publish_manifest = fail  # type: ignore[assignment]
+                publish_mod.publish_manifest = fail  # type: ignore[assignment]
                 with pytest.raises(StorageError):
                     cp.checkpoint(inst, n, f"x{i}", (0, 127))
-                checkpointer_mod.publish_manifest = orig_publish  # type: ignore[assignment]
+                publish_mod.publish_manifest = orig_publish  # type: ignore[assignment]
                 # its changelog, or the materialization of a batch that wrote more than
                 # its state, stays behind unreferenced
                 adir = attempt_dir(n, 0, f"x{i}")
@@ -308,8 +308,8 @@ def test_any_writes_crashes_and_materializations_restore_the_model(
         bg.run_all()
         assert restore_durable(store, last, opts) == model
     finally:
-        checkpointer_mod.materialize_in_background = orig  # type: ignore[assignment]
-        checkpointer_mod.publish_manifest = orig_publish  # type: ignore[assignment]
+        changelog_mode_mod.materialize_in_background = orig  # type: ignore[assignment]
+        publish_mod.publish_manifest = orig_publish  # type: ignore[assignment]
         materialize_mod.MIN_CHANGELOG_BYTES = orig_min
         shutil.rmtree(root, ignore_errors=True)
 
@@ -436,12 +436,12 @@ def test_changelog_uploaded_but_manifest_not_published(
     def lost(*_a: Any) -> None:
         raise StorageError("injected: manifest publication lost")
 
-    monkeypatch.setattr(checkpointer_mod, "publish_manifest", lost)
+    monkeypatch.setattr(publish_mod, "publish_manifest", lost)
     with pytest.raises(StorageError):
         _batch(store, tmp_path, opts, m1, 2, {cf: dict(d) for cf, d in model.items()},
                attempt="bad")
     monkeypatch.undo()
-    monkeypatch.setattr(checkpointer_mod, "materialize_in_background", background.submit)
+    monkeypatch.setattr(changelog_mode_mod, "materialize_in_background", background.submit)
     orphan = f"{attempt_dir(2, 0, 'bad')}/{changelog_name(2)}"
     assert store.child(OP).exists(orphan)
     # the retry starts from checkpoint 1 (never from the dirty working directory)

@@ -94,7 +94,7 @@ def test_failed_manifest_publication_leaves_no_manifest(tmp_path: Path) -> None:
 
 _KILLED = textwrap.dedent("""
     import json, os, sys
-    import statebackend.checkpoint.uploader as up
+    import statebackend.checkpoint.publish as pub
     from statebackend.checkpoint import PartitionCheckpointer
     from statebackend.storage import open_store, read_manifest
 
@@ -108,7 +108,7 @@ _KILLED = textwrap.dedent("""
     def killed(*_a, **_k):
         os._exit(9)   # the executor dies after the uploads, before publication
 
-    up.publish_manifest = killed
+    pub.publish_manifest = killed
     cp.checkpoint(inst, 2, "a0")
 """)
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint.publish import ManifestFacts
 from statebackend.cli import main
 from statebackend.coordinator import CheckpointCoordinator
 from statebackend.errors import (
@@ -99,7 +100,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         be = KeyedStateBackend(inst, clock=lambda: T0)
         fill(be, mine)
         cp.checkpoint(inst, 0, "a0", (rng.start, rng.end), be.descriptors(),
-                      extra_metrics={"key_types": TYPES, "key_columns": ["user", "n"]})
+                      facts=ManifestFacts(key_columns=("user", "n"), key_types=tuple(TYPES)))
         inst.close()
     assert coord.try_complete(0) is not None
     coord.close()

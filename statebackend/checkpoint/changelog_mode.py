@@ -1,0 +1,241 @@
+"""Changelog mode: the batch's changelog every batch, a materialization every few.
+
+Sync part (:meth:`ChangelogStrategy.sync_part`): close the batch's recording into the
+attempt's local changelog, take up a published materialization (:func:`~.materialize.try_adopt`)
+and, when one is due, a native checkpoint to materialize. Async part
+(:class:`ChangelogUpload`): upload the changelog (or, for a batch that rewrote most of the
+state, the materialization itself), publish a manifest naming the base materialization
+and every changelog after it, then queue the materialization's upload in the background
+and keep the changelog locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+
+from ..errors import CheckpointError, CommitFailedError, StorageError
+from ..local.disk import LocalRecovery, copy_in_flight
+from ..model.manifest import (
+    FileEntry,
+    MaterializationRef,
+    PartitionManifest,
+    attempt_dir,
+    changelog_name,
+    check_relative,
+)
+from ..rocksdb.instance import RocksDBInstance
+from .changelog import ChangelogWriter
+from .materialize import (
+    Lineage,
+    materialization_due,
+    materialize_in_background,
+    materialize_inline,
+    try_adopt,
+    upload_materialization,
+)
+from .publish import publish_checkpoint
+from .snapshot import LocalSnapshot
+from .strategy import CheckpointOperation, CheckpointRequest, CheckpointStrategy, CheckpointTarget
+from .task_metrics import CheckpointMetrics
+
+log = logging.getLogger(__name__)
+
+
+def start_recording(local: LocalRecovery, instance: RocksDBInstance) -> None:
+    """Record every later write of ``instance`` into a fresh local changelog."""
+    stop_recording(instance)
+    instance.changelog = ChangelogWriter(local.recording_path())
+
+
+def stop_recording(instance: RocksDBInstance) -> None:
+    """Discard an unfinished recording (its writes are not part of any checkpoint)."""
+    rec = getattr(instance, "changelog", None)
+    instance.changelog = None
+    if rec is not None:
+        rec.abort()
+
+
+class ChangelogStrategy(CheckpointStrategy):
+    """Checkpoints of the writes recorded since the restore (see the module docstring)."""
+
+    def restored(self, instance: RocksDBInstance) -> None:
+        start_recording(self.target.local, instance)
+
+    def sync_part(self, instance: RocksDBInstance,
+                  request: CheckpointRequest) -> CheckpointOperation:
+        rec = instance.changelog
+        if rec is None or rec.closed:
+            raise CheckpointError(
+                f"checkpoint {request.checkpoint_id} partition {self.target.partition}: "
+                f"changelog mode needs the instance's writes recorded since its restore, "
+                f"and none were; restore it with this checkpointer (or call "
+                f"start_recording before writing)")
+        op = ChangelogUpload(self.target, instance, request, rec)
+        try:
+            op.prepare()
+        except BaseException:
+            op.abort()
+            raise
+        return op
+
+
+class ChangelogUpload(CheckpointOperation):
+    """One changelog checkpoint, from its sync part (:meth:`prepare`) to publication."""
+
+    def __init__(self, target: CheckpointTarget, instance: RocksDBInstance,
+                 request: CheckpointRequest, rec: ChangelogWriter) -> None:
+        self.target = target
+        self.instance = instance
+        self.request = request
+        self.rec = rec
+        self.t0 = time.perf_counter()
+        instance.changelog = None
+        self.local_log = target.local.changelog_path(request.checkpoint_id, request.attempt)
+        self.snapshot: LocalSnapshot | None = None
+        self.inline = False
+
+    def prepare(self) -> None:
+        """The sync part: the batch's changelog closed locally, the lineage to build on,
+        and a native checkpoint when a materialization is due."""
+        t, req, n = self.target, self.request, self.request.checkpoint_id
+        base = req.base
+        self.stats = self.rec.finish(base=-1 if base is None else base.checkpoint_id, batch=n)
+        os.replace(self.rec.path, self.local_log)
+        self.counts0 = t.store.request_counts()
+        lineage = Lineage.of(base)
+        if base is not None and base.partition != t.partition:
+            # rescaled: the old partition's materialization in flight is not ours to
+            # adopt (its changelogs, replayed before this batch's, still are the state)
+            lineage = lineage.without_pending()
+        lineage, self.adoption = try_adopt(t.store, lineage, t.partition, n,
+                                           t.options.materialize_interval,
+                                           self._materialization_uploading)
+        self.inline = materialize_inline(lineage, self.stats.size)
+        if self.inline or materialization_due(lineage, n, self.stats.size,
+                                              t.options.materialize_interval,
+                                              t.options.materialize_changelog_ratio):
+            self.snapshot = t.snapshot_sync(self.instance, n, req.attempt)
+            lineage = replace(lineage, pending=MaterializationRef(n, req.attempt))
+        self.lineage = lineage
+        self.sync_s = time.perf_counter() - self.t0
+
+    def run(self) -> tuple[PartitionManifest, CheckpointMetrics]:
+        t, req = self.target, self.request
+        try:
+            t1 = time.perf_counter()
+            if self.inline:
+                self.lineage, own = self._materialize_now(), ()
+            else:
+                own = (self._upload_changelog(),)
+            manifest = self._manifest(own)
+            changelog = {"records": self.stats.records, "raw_bytes": self.stats.raw_bytes,
+                         "bytes": self.stats.size, "since_materialization":
+                         self.lineage.changelog_size + sum(f.size for f in own),
+                         "adoption": self.adoption,
+                         "materialization_started": self.snapshot is not None
+                         and not self.inline,
+                         "materialized_inline": self.inline}
+            manifest, metrics = publish_checkpoint(
+                t.store, manifest, sync_duration_s=self.sync_s, async_start=t1,
+                counts0=self.counts0, extra_metrics=req.extra_metrics, facts=req.facts,
+                changelog=changelog)
+        except BaseException:
+            self.abort()
+            raise
+        if self.inline:
+            os.unlink(self.local_log)  # the materialization holds this batch's writes
+        elif self.snapshot is not None:
+            materialize_in_background(t.store, self.snapshot, self.lineage.db_files,
+                                      key_group_range=req.key_group_range,
+                                      max_parallelism=t.options.max_parallelism,
+                                      states=req.states)
+        self._keep_changelog_local(manifest)
+        return manifest, metrics
+
+    def abort(self) -> None:
+        """Nothing published: drop the recording, the snapshot and the local changelog."""
+        self.rec.abort()
+        if self.snapshot is not None:
+            self.target.local.remove_copy(self.snapshot.directory)
+        try:
+            os.unlink(self.local_log)
+        except OSError:
+            pass
+
+    def _manifest(self, own: tuple[FileEntry, ...]) -> PartitionManifest:
+        t, req, lineage, base = self.target, self.request, self.lineage, self.request.base
+        kgr = req.key_group_range
+        return PartitionManifest(
+            operator_id=t.operator_id, partition=t.partition,
+            checkpoint_id=req.checkpoint_id, attempt=req.attempt, key_group_start=kgr[0],
+            key_group_end=kgr[1], max_parallelism=t.options.max_parallelism,
+            files=lineage.db_files + lineage.changelogs + own,
+            base_checkpoint_id=None if base is None else base.checkpoint_id,
+            states=req.states, created_at_ms=int(time.time() * 1000),
+            mode="changelog", materialization=lineage.materialization,
+            pending_materialization=lineage.pending, writer_epoch=t.writer_epoch)
+
+    def _materialization_uploading(self, ref: MaterializationRef) -> bool:
+        """Whether a live process of this machine still uploads materialization ``ref``
+        of this partition (its local copy is marked in flight)."""
+        return copy_in_flight(self.target.local.copy_dir(ref.checkpoint_id, ref.attempt))
+
+    def _upload_changelog(self) -> FileEntry:
+        """Upload the batch's changelog (critical path); its durable entry."""
+        t, n, attempt, stats = (self.target, self.request.checkpoint_id, self.request.attempt,
+                                self.stats)
+        adir = attempt_dir(n, t.partition, attempt)
+        name = changelog_name(n)
+        try:
+            # no listing first: the upload refuses an existing name (a reused attempt)
+            (tr,) = t.store.put_files([(self.local_log, check_relative(f"{adir}/{name}"))])
+        except StorageError as exc:
+            if isinstance(exc.__cause__, FileExistsError):
+                raise CommitFailedError(
+                    f"checkpoint {n} partition {t.partition}: attempt {attempt!r} "
+                    f"already wrote {adir}/{name}; durable files are never overwritten, "
+                    f"so retry under a fresh attempt name") from exc
+            raise
+        if (tr.size, tr.checksum) != (stats.size, stats.checksum):
+            raise StorageError(f"checkpoint {n} partition {t.partition}: changelog "
+                               f"changed while uploading ({stats.size} bytes "
+                               f"{stats.checksum} -> {tr.size} {tr.checksum})")
+        return FileEntry(name, tr.path, tr.size, tr.checksum, shared=True, uploaded=True)
+
+    def _materialize_now(self) -> Lineage:
+        """Upload the materialization in the critical path (see
+        :func:`~.materialize.materialize_inline`) and adopt it at once: the checkpoint
+        names it and no changelog (its files uploaded now are marked ``uploaded``)."""
+        assert self.snapshot is not None
+        published = upload_materialization(
+            self.target.store, self.snapshot, self.lineage.db_files,
+            key_group_range=self.request.key_group_range,
+            max_parallelism=self.target.options.max_parallelism, states=self.request.states,
+            background=False)
+        return Lineage(self.lineage.pending, published.files, ())
+
+    def _keep_changelog_local(self, manifest: PartitionManifest) -> None:
+        """Clean marker and local copies after publication; never fails the checkpoint."""
+        local, instance, local_log = self.target.local, self.instance, self.local_log
+        try:
+            if instance.path == local.working_dir:
+                local.write_clean_marker(manifest.checkpoint_id, manifest.attempt,
+                                         int(instance.db.latest_sequence_number()))
+            if self.target.options.local_recovery:
+                keep = []
+                if manifest.materialization is not None:
+                    ref = manifest.materialization
+                    keep.append(local.copy_dir(ref.checkpoint_id, ref.attempt))
+                local.retain(keep=keep)
+                local.prune_changelogs(manifest.materialized_id, keep=[local_log])
+            else:
+                local.prune_changelogs(None)
+                if os.path.exists(local_log):
+                    os.unlink(local_log)
+                local.retain()
+        except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
+            log.warning("checkpoint %d partition %d: keeping the local changelog failed",
+                        manifest.checkpoint_id, self.target.partition, exc_info=True)

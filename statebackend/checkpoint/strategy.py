@@ -1,0 +1,114 @@
+"""One strategy per checkpoint mode, behind one interface.
+
+A checkpoint has a synchronous part, run while nothing may write the instance (flush and
+native checkpoint, or closing the batch's changelog), and an asynchronous part, an
+operation object that uploads what is new and publishes the manifest through the one
+publish path (:func:`~.publish.publish_checkpoint`). The modes:
+
+* :class:`~.incremental.IncrementalStrategy`: a native checkpoint every batch, uploading
+  the SST files its base does not already hold;
+* :class:`~.changelog_mode.ChangelogStrategy`: the batch's changelog every batch, and a
+  materialization (a native checkpoint uploaded in the background) every few.
+
+:class:`~.checkpointer.PartitionCheckpointer` picks one by ``options.checkpoint_mode``
+and runs ``strategy.sync_part(...)`` then ``operation.run()``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..local.disk import LocalRecovery
+from ..model.manifest import PartitionManifest, StateDescriptor
+from ..options import StateBackendOptions
+from ..rocksdb.instance import RocksDBInstance
+from ..storage.base import DurableStore
+from .publish import ManifestFacts
+from .snapshot import LocalSnapshot
+from .task_metrics import CheckpointMetrics
+
+
+class CheckpointTarget(Protocol):
+    """What a strategy needs of the partition it checkpoints."""
+
+    store: DurableStore  # rooted at the operator root
+    local: LocalRecovery
+    options: StateBackendOptions
+    operator_id: str
+    partition: int
+    writer_epoch: int | None
+
+    def snapshot_sync(self, instance: RocksDBInstance, checkpoint_id: int,
+                      attempt: str) -> LocalSnapshot: ...
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """One checkpoint to take, its base already checked against the restore.
+
+    Attributes
+    ----------
+    checkpoint_id : int
+        Batch / checkpoint number.
+    attempt : str
+        A name unique to the task attempt.
+    key_group_range : tuple of int
+        ``(first, last)`` key groups owned.
+    states : tuple of StateDescriptor
+        Declared states, recorded in the manifest.
+    base : PartitionManifest or None
+        The checkpoint the state was restored from (None: empty state).
+    extra_metrics : mapping
+        The caller's metrics, recorded in the manifest.
+    facts : ManifestFacts or None
+        The caller's typed manifest fields.
+    """
+
+    checkpoint_id: int
+    attempt: str
+    key_group_range: tuple[int, int]
+    states: tuple[StateDescriptor, ...]
+    base: PartitionManifest | None
+    extra_metrics: Mapping[str, Any]
+    facts: ManifestFacts | None = None
+
+    @classmethod
+    def of(cls, checkpoint_id: int, attempt: str, key_group_range: tuple[int, int],
+           states: Sequence[StateDescriptor], base: PartitionManifest | None,
+           extra_metrics: Mapping[str, Any] | None,
+           facts: ManifestFacts | None = None) -> CheckpointRequest:
+        return cls(checkpoint_id, attempt, key_group_range, tuple(states), base,
+                   extra_metrics or {}, facts)
+
+
+class CheckpointOperation(ABC):
+    """The asynchronous part of one checkpoint: upload, publish, keep local copies."""
+
+    @abstractmethod
+    def run(self) -> tuple[PartitionManifest, CheckpointMetrics]:
+        """Make the checkpoint durable and publish its manifest.
+
+        On failure nothing is published and the operation's local files are removed.
+        """
+
+
+class CheckpointStrategy(ABC):
+    """How one checkpoint mode checkpoints a partition (see the module docstring)."""
+
+    def __init__(self, target: CheckpointTarget) -> None:
+        self.target = target
+
+    @abstractmethod
+    def restored(self, instance: RocksDBInstance) -> None:
+        """``instance`` now holds the restored state and the batch is about to write it."""
+
+    @abstractmethod
+    def sync_part(self, instance: RocksDBInstance,
+                  request: CheckpointRequest) -> CheckpointOperation:
+        """The synchronous part; returns the asynchronous operation to run next.
+
+        On failure nothing is left behind.
+        """
