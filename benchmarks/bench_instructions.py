@@ -6,7 +6,8 @@ versions of the code that does not depend on what else the machine is doing.
 
 Each workload runs ``runner.run_partition`` (restore, group, process, checkpoint, close) over
 the same batches as ``bench_task.py``; imports and a first batch run before counting starts,
-so the count is the steady-state task, per key per batch. Wall-clock figures on a loaded
+so the count is the steady-state task, per key per batch (a streaming task: with the row of
+metrics it adds for Spark's progress, where the code under test has one). Wall-clock figures on a loaded
 two-core machine swing by +-20%; instruction counts repeat to well under 1% (RocksDB's
 background threads are the remaining noise), which is what a 5% budget needs. Needs
 valgrind (Debian's package).
@@ -55,6 +56,12 @@ def child(args: argparse.Namespace) -> None:
     config = T.config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
                           f"bench-{args.workloads}")
     process = T.task_process(args.workloads, config)
+    try:  # a streaming task reports its metrics for Spark's progress (where the code can)
+        from statebackend.spark.progress import PROGRESS_KEY
+    except ImportError:
+        pass
+    else:
+        config.extra[PROGRESS_KEY] = {"k": None, "v": None}
     pid = str(os.getpid())
     saved = runner.task_identity
     try:

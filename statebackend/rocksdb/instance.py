@@ -7,6 +7,7 @@ keys and values and the small surface of :class:`RocksDBInstance`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -85,6 +86,10 @@ class RocksDBInstance:
         for name in existing:
             self._cfs[name] = self._db.get_column_family(name)
         self._closed = False
+        # What the options' statistics had counted when statistics_delta last read them
+        # (nothing before its first read: a task builds its options, and so their
+        # statistics, afresh, so they count that task's instances only)
+        self._stats_seen: dict[str, int] = {}
         # Changelog mode: every change below is also appended here (a
         # statebackend.checkpoint.changelog.ChangelogWriter), the one place all state
         # kinds, timers and TTL indexes reach RocksDB. None: not recording.
@@ -230,7 +235,22 @@ class RocksDBInstance:
         except Exception:  # noqa: BLE001 - a missing property is not an error
             return None
 
+    def statistics_delta(self, tickers: Mapping[str, tuple[str, str]]) -> dict[str, int]:
+        """RocksDB statistics counted since the previous call (before the first: since
+        the options were built), for ``tickers``: metric name -> (statistic, field), the field being
+        ``COUNT`` (a ticker, or a histogram's count) or ``SUM`` (a histogram's sum).
+
+        Empty when the options did not enable statistics. A kept-open instance reports,
+        each batch, what that batch's work counted.
+        """
+        self._check_open()
+        now = _parse_statistics(self._db_options.get_statistics(), tickers)
+        seen = self._stats_seen
+        self._stats_seen = now
+        return {k: max(0, v - seen.get(k, 0)) for k, v in now.items()}
+
     # --- lifecycle --------------------------------------------------------------------
+
 
     def _check_open(self) -> None:
         if self._closed:
@@ -251,6 +271,20 @@ class RocksDBInstance:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _parse_statistics(text: str | None, tickers: Mapping[str, tuple[str, str]]
+                      ) -> dict[str, int]:
+    # rocksdict gives RocksDB's statistics as text, one line per statistic:
+    # "<name> COUNT : n" (ticker) or "<name> P50 : .. COUNT : n SUM : s" (histogram)
+    if not text:
+        return {}
+    out: dict[str, int] = {}
+    for metric, (stat, fld) in tickers.items():
+        m = re.search(rf"^{re.escape(stat)} .*?\b{fld} : (\d+)", text, re.MULTILINE)
+        if m is not None:
+            out[metric] = int(m.group(1))
+    return out
 
 
 def destroy(path: str) -> None:

@@ -24,7 +24,7 @@ from ..checkpoint.manifest import (
 )
 from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
-from ..metrics import rocksdb_properties
+from ..metrics import partition_progress, partition_stats, rocksdb_properties
 from ..recovery.local import WORK_DIR
 from ..recovery.resident import ResidentInstances, resident_dir_name, resident_instances
 from ..rocksdb.instance import RocksDBInstance
@@ -38,6 +38,7 @@ from ..storage.manifests import (
     read_recorded_manifests,
 )
 from .plan import KG_COL
+from .progress import PROGRESS_KEY, task_metrics_frame, with_metrics_column
 from .task import (
     ADDED_COLUMNS,
     DEFAULT_FRAME_ROWS,
@@ -377,8 +378,15 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         release_instance(checkpointer, instance, published, resident)
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
               time.perf_counter() - t0)
+    columns = config.extra.get(PROGRESS_KEY)
+    if columns is None:  # a batch query: no progress to report in
+        if out:
+            yield concat_frames(out)
+        return
     if out:
-        yield concat_frames(out)
+        yield with_metrics_column(concat_frames(out))
+    # what this task measured, as one more row for the query's observed metrics
+    yield task_metrics_frame(columns, partition_progress(partition_stats(published, None)))
 
 
 def task_input(pdf: pd.DataFrame | None, config: OperatorConfig, kg_range,

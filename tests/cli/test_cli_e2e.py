@@ -188,6 +188,17 @@ def test_metrics_are_recorded_beside_every_checkpoint(streaming_run):
         assert p["rocksdb"]["estimated_keys"] >= 0
     assert cps[0]["restore_sources"] == {"empty": 2}
     assert cps[-1]["rocksdb"]["estimated_keys"] >= len(reference_counts(streaming_run.data))
+    # the names Spark's progress reports, with the same fold over the partition lines
+    from statebackend.metrics import BLOCK_CACHE_HIT_RATE, PROGRESS_METRICS
+
+    for c in cps:
+        prog = c["progress"]
+        assert set(PROGRESS_METRICS) <= set(prog) <= {*PROGRESS_METRICS, BLOCK_CACHE_HIT_RATE}
+        assert prog["partitions"] == 2 and prog["input_rows"] == c["rows"]
+        assert prog["bytes_uploaded"] == c["bytes_uploaded"] > 0
+        assert prog["sync_ms_max"] == c["sync_ms"]
+    assert cps[0]["progress"]["restore_empty"] == 2
+    assert cps[-1]["progress"]["state_rows"] >= len(reference_counts(streaming_run.data))
 
 
 @pytest.mark.parametrize("argv, code, message", [
