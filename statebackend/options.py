@@ -420,6 +420,9 @@ class StateBackendOptions:
         Bytes per process shared by the block cache and write buffers of every instance.
     write_buffer_ratio : float, default 0.5
         Share of ``memory_budget`` for write buffers (0 < ratio < 1).
+    rocksdb_statistics : bool, default False
+        Count RocksDB's statistics (block cache hits and misses, write stalls,
+        compaction time) for the metrics in Spark's progress; costs a few percent.
     restart_strategy : {"none", "fixed-delay", "exponential-delay", "failure-rate"}
         How a supervised query (:func:`statebackend.supervisor.supervise`) is restarted
         after a failure; default "exponential-delay". Spark key
@@ -561,6 +564,10 @@ class StateBackendOptions:
     write_buffer_ratio: float = _opt(
         0.5, "Share of memory_budget reserved for write buffers (memtables) when "
         "bounded_memory is on.", "float", low=0.01, high=0.99, rocksdb=True)
+    rocksdb_statistics: bool = _opt(
+        False, "Count RocksDB's statistics (block cache hits and misses, write stalls, "
+        "compaction time) for the metrics in Spark's progress; costs a few percent.",
+        "bool", rocksdb=True)
 
     # Restart strategies of a supervised query (statebackend.supervisor), named and
     # defaulted as Flink's with checkpointing on; under spark.statebackend.restart-strategy.

@@ -87,8 +87,8 @@ def test_no_partition_no_metric():
 
 def test_rocksdb_statistics_count_the_batch_and_state_entries_skip_internal_families(
         tmp_path: Path):
-    inst = RocksDBInstance(str(tmp_path / "db"),
-                           db_options=to_rocksdict_options(StateBackendOptions()))
+    inst = RocksDBInstance(str(tmp_path / "db"), db_options=to_rocksdict_options(
+        StateBackendOptions(rocksdb_statistics=True)))
     try:
         cf = inst.column_family("count")
         meta = inst.column_family("_meta")
@@ -111,8 +111,11 @@ def test_rocksdb_statistics_count_the_batch_and_state_entries_skip_internal_fami
         inst.close()
 
 
-def test_instance_without_statistics_reports_none(tmp_path: Path):
-    inst = RocksDBInstance(str(tmp_path / "db"))
+@pytest.mark.parametrize("options", [None, StateBackendOptions()], ids=["raw", "default"])
+def test_instance_without_statistics_reports_none(tmp_path: Path, options):
+    # statistics are opt-in (rocksdb_statistics): by default nothing is counted or reported
+    inst = RocksDBInstance(str(tmp_path / "db"), db_options=None if options is None
+                           else to_rocksdict_options(options))
     try:
         assert inst.statistics_delta(ROCKSDB_STATISTICS) == {}
         assert not set(ROCKSDB_STATISTICS) & set(rocksdb_properties(inst))

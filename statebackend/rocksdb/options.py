@@ -283,8 +283,10 @@ def to_rocksdict_options(opts: StateBackendOptions) -> Options:
     elif s.block_cache_size is not None:
         table.set_block_cache(Cache(s.block_cache_size))
     o.set_block_based_table_factory(table)
-    # Block cache hits and misses, write stall and compaction times for the metrics
-    # (statebackend.metrics.ROCKSDB_STATISTICS). RocksDB's default statistics level: a
-    # few counters per operation; its cost is measured by benchmarks.compare --target.
-    o.enable_statistics()
+    if opts.rocksdb_statistics:
+        # Block cache hits and misses, write stall and compaction times for the metrics
+        # (statebackend.metrics.ROCKSDB_STATISTICS). Opt-in: at RocksDB's default level it
+        # costs +3% instructions per key per batch on the cheapest workload (noop) and
+        # +6.6% on value blocks (benchmarks/bench_instructions.py, BENCHMARKS.md).
+        o.enable_statistics()
     return o

@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["METRICS_COL", "PROGRESS_KEY", "TASK_METRICS", "metrics_row_values",
@@ -96,20 +97,34 @@ def observed_columns() -> list[Any]:
 
 
 def with_metrics_column(frame: pd.DataFrame) -> pd.DataFrame:
-    """The user's output frame with :data:`METRICS_COL` all null (a shallow copy: the
-    user's frame itself is not changed)."""
-    out = frame.copy(deep=False)
-    out[METRICS_COL] = None
-    return out
+    """The user's output frame with :data:`METRICS_COL` all null (a new frame over the same
+    column arrays: the user's frame itself is not changed)."""
+    # a frame built from the column arrays: ~100 us for any row count, where a shallow
+    # copy and a column assignment cost ~170 us (pandas consolidates its blocks)
+    columns = {name: frame[name] for name in frame.columns} if frame.columns.is_unique \
+        else None
+    if columns is None or METRICS_COL in columns:
+        out = frame.copy(deep=False)
+        out[METRICS_COL] = None
+        return out
+    columns[METRICS_COL] = np.full(len(frame), None, dtype=object)
+    return pd.DataFrame(columns, index=frame.index, copy=False)
 
 
 def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | float]
                        ) -> pd.DataFrame:
     """The one row a task adds to its output: the user columns as ``columns`` gives them
     (:func:`metrics_row_values`), its metrics as JSON."""
-    # one row as a list: a quarter of the time of a dict of columns
-    row = [*columns.values(), json.dumps(dict(values), separators=(",", ":"))]
-    return pd.DataFrame([row], columns=[*columns, METRICS_COL])
+    row = {name: _one(v) for name, v in columns.items()}
+    row[METRICS_COL] = _one(json.dumps(dict(values), separators=(",", ":")))
+    return pd.DataFrame(row, copy=False)
+
+
+def _one(value: Any) -> np.ndarray:
+    # a one-element object array: pandas takes it as it is (no inference per column)
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
 
 
 def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
