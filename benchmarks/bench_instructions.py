@@ -69,6 +69,8 @@ def child(args: argparse.Namespace) -> None:
     config = T.config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
                           f"bench-{args.workloads}")
     process = T.task_process(args.workloads, config)
+    if hasattr(config, "progress_columns"):  # a streaming task: its row of metrics too
+        config.progress_columns = {"k": None, "v": None}
     pid = str(os.getpid())
     saved = runner.task_identity
     try:

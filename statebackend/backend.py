@@ -12,6 +12,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import DataFrame, GroupedData, SparkSession
@@ -505,15 +506,37 @@ class RocksDBStateBackend:
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
         # logged by Spark, so retries see the same processing time)
         placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
-        out = placed.mapInPandas(make_task(config, process), schema)
-        if df.isStreaming:
-            from .spark.listener import observation_name
+        if not df.isStreaming:
+            return placed.mapInPandas(make_task(config, process), schema)
+        from pyspark.sql.types import StringType, StructField
 
-            # progress events carry it: the listener knows which query committed which
-            # micro-batch of this operator
-            out = out.observe(observation_name(self.checkpoint_location, config.operator_id),
-                              F.count(F.lit(1)).alias("rows"))
-        return out
+        from .spark.listener import observation_name
+        from .spark.progress import (
+            METRICS_COL,
+            metrics_row_values,
+            observed_columns,
+        )
+
+        # Each task adds one row holding its metrics in a hidden column (spark.progress);
+        # the observation sums and maxes them, then only the user's rows and columns go on.
+        struct = _struct(df.sparkSession, schema)
+        config = replace(config, progress_columns=metrics_row_values(struct))
+        carrier = StructType([*struct.fields, StructField(METRICS_COL, StringType(), True)])
+        out = placed.mapInPandas(make_task(config, process), carrier)
+        # progress events carry it: the listener knows which query committed which
+        # micro-batch of this operator, and users read the metrics under this name
+        out = out.observe(observation_name(self.checkpoint_location, config.operator_id),
+                          *observed_columns())
+        return out.filter(F.col(METRICS_COL).isNull()).drop(METRICS_COL)
+
+    def observation_name(self, operator_id: str) -> str:
+        """The name of the operator's observed metrics in its query's progress: read the
+        backend's metrics of the last micro-batch with
+        ``query.lastProgress["observedMetrics"][backend.observation_name("orders")]``
+        (docs/operations.md, "Metrics in Spark's progress")."""
+        from .spark.listener import observation_name
+
+        return observation_name(self.checkpoint_location, operator_id)
 
     def _ensure_listener(self, spark: SparkSession) -> None:
         from .spark.listener import register_backend

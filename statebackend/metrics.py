@@ -46,13 +46,19 @@ if TYPE_CHECKING:  # the executor imports this module: keep its imports light
     from .storage.base import DurableStore
 
 __all__ = [
+    "BLOCK_CACHE_HIT_RATE",
     "METRICS_DIR",
+    "PROGRESS_METRICS",
     "ROCKSDB_PROPERTIES",
+    "ROCKSDB_STATISTICS",
+    "STATISTICS_METRICS",
     "CheckpointStats",
     "PartitionStats",
     "checkpoint_stats",
+    "combine_progress",
     "format_line",
     "metrics_path",
+    "partition_progress",
     "read_metrics",
     "record_checkpoint",
     "rocksdb_properties",
@@ -81,6 +87,60 @@ ROCKSDB_PROPERTIES: dict[str, tuple[str, str]] = {
     # trigger only while the instance stays open long enough: keep_instances_open)
     "l0_files": ("rocksdb.num-files-at-level0", "sum"),
 }
+
+#: Metric name -> (RocksDB statistic, field): counted by the instance's statistics
+#: during the batch (what the task's work counted, also for a kept-open instance), summed.
+ROCKSDB_STATISTICS: dict[str, tuple[str, str]] = {
+    "block_cache_hits": ("rocksdb.block.cache.hit", "COUNT"),
+    "block_cache_misses": ("rocksdb.block.cache.miss", "COUNT"),
+    "write_stall_micros": ("rocksdb.stall.micros", "COUNT"),
+    "compaction_micros": ("rocksdb.compaction.times.micros", "SUM"),
+}
+
+#: The metrics each micro-batch reports in Spark's progress (observed metrics) and
+#: ``statebackend metrics`` (``progress``): name -> (how partitions combine, unit). The
+#: names are stable; docs/operations.md says what each means and what to do when high.
+PROGRESS_METRICS: dict[str, tuple[str, str]] = {
+    "partitions": ("sum", "tasks"),
+    "input_rows": ("sum", "rows"),
+    "keys": ("sum", "keys"),
+    "state_rows": ("sum", "rows"),
+    "state_bytes": ("sum", "bytes"),
+    "state_logical_bytes": ("sum", "bytes"),
+    "bytes_uploaded": ("sum", "bytes"),
+    "files_uploaded": ("sum", "files"),
+    "bytes_downloaded": ("sum", "bytes"),
+    "late_rows_dropped": ("sum", "rows"),
+    "sync_ms": ("sum", "ms"),
+    "sync_ms_max": ("max", "ms"),
+    "async_ms": ("sum", "ms"),
+    "async_ms_max": ("max", "ms"),
+    "restore_ms": ("sum", "ms"),
+    "restore_ms_max": ("max", "ms"),
+    "restore_resident": ("sum", "tasks"),
+    "restore_working_dir": ("sum", "tasks"),
+    "restore_local_copy": ("sum", "tasks"),
+    "restore_durable": ("sum", "tasks"),
+    "restore_empty": ("sum", "tasks"),
+    "restore_other": ("sum", "tasks"),
+    "rocksdb_live_sst_bytes": ("sum", "bytes"),
+    "rocksdb_memtable_bytes": ("sum", "bytes"),
+    "rocksdb_pending_compaction_bytes": ("sum", "bytes"),
+    "rocksdb_pending_compaction_bytes_max": ("max", "bytes"),
+    "rocksdb_l0_files_max": ("max", "files"),
+    "rocksdb_block_cache_bytes": ("max", "bytes"),
+    "rocksdb_block_cache_hits": ("sum", "reads"),
+    "rocksdb_block_cache_misses": ("sum", "reads"),
+    "rocksdb_write_stall_ms": ("sum", "ms"),
+    "rocksdb_compaction_ms": ("sum", "ms"),
+}
+#: The metrics above that only RocksDB's statistics count (``rocksdb_statistics=True``);
+#: without them these names, and :data:`BLOCK_CACHE_HIT_RATE`, are absent.
+STATISTICS_METRICS = frozenset({"rocksdb_block_cache_hits", "rocksdb_block_cache_misses",
+                                "rocksdb_write_stall_ms", "rocksdb_compaction_ms"})
+#: Derived from the sums above after combining: hits / (hits + misses), absent without reads.
+BLOCK_CACHE_HIT_RATE = "rocksdb_block_cache_hit_rate"
+_SOURCES = ("resident", "working_dir", "local_copy", "durable", "empty")
 
 
 def metrics_path(checkpoint_id: int) -> str:
@@ -119,7 +179,61 @@ def rocksdb_properties(instance: RocksDBInstance) -> dict[str, int]:
     # keys and values of the live entries flushed so far: what every amplification figure
     # is against (RocksDBInstance.logical_bytes says how it is estimated)
     out["logical_bytes"] = instance.logical_bytes()
+    # the entries of the declared states (their column families; not the descriptors,
+    # TTL index and timers in "default" and "_..." families)
+    states = [v for v in (instance.property_int("rocksdb.estimate-num-keys", cf) for cf in names
+                          if cf != "default" and not cf.startswith("_")) if v is not None]
+    out["state_entries"] = int(sum(states))
+    out.update(instance.statistics_delta(ROCKSDB_STATISTICS))
     return out
+
+
+def partition_progress(p: PartitionStats) -> dict[str, int | float]:
+    """One partition's values of :data:`PROGRESS_METRICS` (those it measured)."""
+    rocks = p.rocksdb
+    source = p.restore_source if p.restore_source in _SOURCES else "other"
+    out: dict[str, int | float] = {
+        "partitions": 1, "input_rows": p.rows, "keys": p.keys, "state_bytes": p.full_size,
+        "bytes_uploaded": p.bytes_uploaded, "files_uploaded": p.files_uploaded,
+        "bytes_downloaded": p.restore_bytes_downloaded,
+        "late_rows_dropped": p.late_rows_dropped,
+        "sync_ms": p.sync_ms, "sync_ms_max": p.sync_ms,
+        "async_ms": p.async_ms, "async_ms_max": p.async_ms,
+        "restore_ms": p.restore_ms, "restore_ms_max": p.restore_ms,
+        **{f"restore_{s}": int(s == source) for s in (*_SOURCES, "other")}}
+    for name, key, scale in (("state_rows", "state_entries", None),
+                             ("state_logical_bytes", "logical_bytes", None),
+                             ("rocksdb_live_sst_bytes", "live_sst_bytes", None),
+                             ("rocksdb_memtable_bytes", "memtable_bytes", None),
+                             ("rocksdb_pending_compaction_bytes", "pending_compaction_bytes", None),
+                             ("rocksdb_pending_compaction_bytes_max", "pending_compaction_bytes",
+                              None),
+                             ("rocksdb_l0_files_max", "l0_files", None),
+                             ("rocksdb_block_cache_bytes", "block_cache_bytes", None),
+                             ("rocksdb_block_cache_hits", "block_cache_hits", None),
+                             ("rocksdb_block_cache_misses", "block_cache_misses", None),
+                             ("rocksdb_write_stall_ms", "write_stall_micros", 1000.0),
+                             ("rocksdb_compaction_ms", "compaction_micros", 1000.0)):
+        if key in rocks:
+            out[name] = rocks[key] / scale if scale else rocks[key]
+    return out
+
+
+def combine_progress(parts: Iterable[Mapping[str, int | float]]) -> dict[str, int | float]:
+    """Partitions' :func:`partition_progress` folded as :data:`PROGRESS_METRICS` says (a
+    metric no partition measured is absent), plus :data:`BLOCK_CACHE_HIT_RATE`. What
+    :func:`statebackend.spark.progress.progress_metrics` computes from the tasks' rows in
+    Spark's progress."""
+    out: dict[str, int | float] = {}
+    for part in parts:
+        for name, v in part.items():
+            how = PROGRESS_METRICS[name][0]
+            out[name] = (v if name not in out else
+                         out[name] + v if how == "sum" else max(out[name], v))
+    hits, misses = out.get("rocksdb_block_cache_hits"), out.get("rocksdb_block_cache_misses")
+    if hits is not None and misses is not None and hits + misses > 0:
+        out[BLOCK_CACHE_HIT_RATE] = hits / (hits + misses)
+    return {k: out[k] for k in (*PROGRESS_METRICS, BLOCK_CACHE_HIT_RATE) if k in out}
 
 
 # --- driver side -------------------------------------------------------------------------
@@ -167,6 +281,8 @@ class PartitionStats:
     def referenced_over_logical(self) -> float | None:
         """Bytes the checkpoint references over the logical state (space amplification)."""
         return self.full_size / self.logical_bytes if self.logical_bytes else None
+    # input rows at or before the watermark, dropped before the state saw them
+    late_rows_dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,7 +301,8 @@ class CheckpointStats:
         Partition count per restore source (``resident``, ``working_dir``, ``local_copy``,
         ``durable``, ``empty``).
     rocksdb : dict
-        RocksDB properties summed over partitions (block cache: the maximum).
+        RocksDB properties summed over partitions (block cache: the maximum), and the
+        statistics of :data:`ROCKSDB_STATISTICS` the batch counted, summed.
     requests : dict
         Object-store requests by phase, each a
         :class:`~statebackend.storage.accounting.RequestCounts` dict (put, parts, get,
@@ -200,6 +317,9 @@ class CheckpointStats:
         Keys and values of the live entries over all partitions (the data the user
         stored, estimated from RocksDB's table properties); None when a partition did not
         record it. ``referenced_over_logical`` is ``full_size`` over it.
+    progress : dict
+        The metrics of :data:`PROGRESS_METRICS` (:func:`combine_progress`): what Spark's
+        progress of the micro-batch reports under the operator's observation name.
     """
 
     operator_id: str
@@ -231,6 +351,8 @@ class CheckpointStats:
     @property
     def referenced_over_logical(self) -> float | None:
         return self.full_size / self.logical_bytes if self.logical_bytes else None
+    # the micro-batch's metrics as Spark's progress reports them (PROGRESS_METRICS)
+    progress: Mapping[str, int | float] = field(default_factory=dict)
 
     def to_dict(self, partitions: bool = True) -> dict[str, Any]:
         d = asdict(self)
@@ -274,7 +396,8 @@ def partition_stats(m: PartitionManifest, trigger_ms: int | None) -> PartitionSt
                                      ("checkpoint", "checkpoint_requests"))
                   if met.get(key) is not None},
         restore_fallback=restore.get("fallback_reason") or None,
-        logical_bytes=rocks.get("logical_bytes"))
+        logical_bytes=rocks.get("logical_bytes"),
+        late_rows_dropped=int(met.get("late_rows_dropped", 0)))
 
 
 def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest],
@@ -328,7 +451,7 @@ def aggregate(record: CompletedCheckpoint, manifests: Iterable[PartitionManifest
         requests={k: v.to_dict() for k, v in sorted(requests.items())},
         restore_fallbacks={p.partition: p.restore_fallback for p in parts
                            if p.restore_fallback},
-        partitions=parts,
+        partitions=parts, progress=combine_progress(partition_progress(p) for p in parts),
         logical_bytes=(sum(p.logical_bytes or 0 for p in parts)
                        if parts and all(p.logical_bytes is not None for p in parts) else None))
 
@@ -392,7 +515,10 @@ def write_metrics(store: DurableStore, s: CheckpointStats) -> str:
     """
     from .storage.manifests import operator_store
 
-    lines = [json.dumps({"kind": "checkpoint", **s.to_dict(partitions=False)}, sort_keys=True)]
+    # progress is derived from the partition lines: read_metrics computes it again
+    head = s.to_dict(partitions=False)
+    head.pop("progress", None)
+    lines = [json.dumps({"kind": "checkpoint", **head}, sort_keys=True)]
     for p in s.partitions:
         lines.append(json.dumps({"kind": "partition", "operator_id": s.operator_id,
                                  "checkpoint_id": s.checkpoint_id, **asdict(p)},
@@ -474,5 +600,20 @@ def read_metrics(store: DurableStore, operator_id: str, *, partitions: bool = Fa
         except (FileNotFoundError, ValueError) as exc:
             log.warning("skipping unreadable metrics file %s: %s", rel, exc)
             continue
+        _add_progress(lines)
         out.extend(x for x in lines if partitions or x.get("kind") == "checkpoint")
     return out
+
+
+def _add_progress(lines: list[dict[str, Any]]) -> None:
+    # the checkpoint line's "progress": the fold of its partition lines (not stored twice)
+    names = PartitionStats.__dataclass_fields__
+    try:
+        parts = [PartitionStats(**{k: v for k, v in x.items() if k in names})
+                 for x in lines if x.get("kind") == "partition"]
+    except TypeError:  # a line of an older version without some field: no progress
+        return
+    progress = combine_progress(partition_progress(p) for p in parts)
+    for x in lines:
+        if x.get("kind") == "checkpoint":
+            x["progress"] = progress

@@ -7,6 +7,7 @@ keys and values and the small surface of :class:`RocksDBInstance`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -84,6 +85,10 @@ class RocksDBInstance:
         self._closed = False
         # column family -> the bottom level size its level sizes were derived from
         self._sized_for: dict[str, int] = {}
+        # What the options' statistics had counted when statistics_delta last read them
+        # (nothing before its first read: a task builds its options, and so their
+        # statistics, afresh, so they count that task's instances only)
+        self._stats_seen: dict[str, int] = {}
         # Changelog mode: every change below is also appended here (a
         # statebackend.checkpoint.changelog.ChangelogWriter), the one place all state
         # kinds, timers and TTL indexes reach RocksDB. None: not recording.
@@ -290,6 +295,20 @@ class RocksDBInstance:
                 changed[name] = change
         return changed
 
+    def statistics_delta(self, tickers: Mapping[str, tuple[str, str]]) -> dict[str, int]:
+        """RocksDB statistics counted since the previous call (before the first: since
+        the options were built), for ``tickers``: metric name -> (statistic, field), the field being
+        ``COUNT`` (a ticker, or a histogram's count) or ``SUM`` (a histogram's sum).
+
+        Empty when the options did not enable statistics. A kept-open instance reports,
+        each batch, what that batch's work counted.
+        """
+        self._check_open()
+        now = _parse_statistics(self._db_options.get_statistics(), tickers)
+        seen = self._stats_seen
+        self._stats_seen = now
+        return {k: max(0, v - seen.get(k, 0)) for k, v in now.items()}
+
     # --- lifecycle --------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -324,5 +343,20 @@ def _table_properties(text: str | None) -> dict[str, int]:
             except ValueError:
                 pass  # averages, names
     return out
+
+
+def _parse_statistics(text: str | None, tickers: Mapping[str, tuple[str, str]]
+                      ) -> dict[str, int]:
+    # rocksdict gives RocksDB's statistics as text, one line per statistic:
+    # "<name> COUNT : n" (ticker) or "<name> P50 : .. COUNT : n SUM : s" (histogram)
+    if not text:
+        return {}
+    out: dict[str, int] = {}
+    for metric, (stat, fld) in tickers.items():
+        m = re.search(rf"^{re.escape(stat)} .*?\b{fld} : (\d+)", text, re.MULTILINE)
+        if m is not None:
+            out[metric] = int(m.group(1))
+    return out
+
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 from ..checkpoint.publish import ManifestFacts
 from ..local.disk import WORK_DIR
 from ..local.resident import resident_dir_name
-from ..metrics import rocksdb_properties
+from ..metrics import partition_progress, partition_stats, rocksdb_properties
 from ..state.backend import KeyedStateBackend
 from .partition_state import (
     PartitionState,
@@ -33,6 +33,7 @@ from .partition_state import (
     writer_epoch,
 )
 from .plan import KG_COL
+from .progress import task_metrics_frame, with_metrics_column
 from .task import (
     ADDED_COLUMNS,
     BatchContext,
@@ -98,8 +99,15 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         state.release(published)
     log.debug("partition %d batch %d done in %.3fs", partition, checkpoint_id,
               clock.elapsed_s())
+    if config.progress_columns is None:  # a batch run: no progress to report in
+        if out:
+            yield concat_frames(out)
+        return
     if out:
-        yield concat_frames(out)
+        yield with_metrics_column(concat_frames(out))
+    # what this task measured, as one more row for the query's observed metrics
+    yield task_metrics_frame(config.progress_columns,
+                             partition_progress(partition_stats(published, None)))
 
 
 def process_batch(config: OperatorConfig, state: PartitionState, restored: Restored,

@@ -81,6 +81,9 @@ class OperatorConfig:
     operators drop it), ``per_key`` (rows grouped by key; False: ``map_in_pandas``, which
     reads frames of ``frame_rows`` rows, None: the whole input as one frame) and
     ``from_savepoint`` (where a state with no checkpoint yet starts from).
+    ``progress_columns``: a streaming operator's tasks report their metrics in Spark's
+    progress as one more output row (:mod:`statebackend.spark.progress`), whose user
+    columns hold these values; None (batch runs): no metrics row.
     """
 
     operator_id: str
@@ -97,6 +100,7 @@ class OperatorConfig:
     per_key: bool = True
     frame_rows: int | None = None
     from_savepoint: SavepointSource | None = None
+    progress_columns: dict[str, Any] | None = None
 
     @property
     def max_parallelism(self) -> int:

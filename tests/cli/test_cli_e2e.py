@@ -191,6 +191,18 @@ def test_metrics_are_recorded_beside_every_checkpoint(streaming_run):
         assert p["rocksdb"]["estimated_keys"] >= 0
     assert cps[0]["restore_sources"] == {"empty": 2}
     assert cps[-1]["rocksdb"]["estimated_keys"] >= len(reference_counts(streaming_run.data))
+    # the names Spark's progress reports, with the same fold over the partition lines
+    from statebackend.metrics import PROGRESS_METRICS, STATISTICS_METRICS
+
+    for c in cps:
+        prog = c["progress"]
+        # the run's options leave RocksDB's statistics off: their names are absent
+        assert set(prog) == set(PROGRESS_METRICS) - STATISTICS_METRICS
+        assert prog["partitions"] == 2 and prog["input_rows"] == c["rows"]
+        assert prog["bytes_uploaded"] == c["bytes_uploaded"] > 0
+        assert prog["sync_ms_max"] == c["sync_ms"]
+    assert cps[0]["progress"]["restore_empty"] == 2
+    assert cps[-1]["progress"]["state_rows"] >= len(reference_counts(streaming_run.data))
 
 
 @pytest.mark.parametrize("argv, code, message", [

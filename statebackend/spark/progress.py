@@ -1,0 +1,148 @@
+"""The backend's metrics in Spark's progress: each micro-batch's
+:data:`~statebackend.metrics.PROGRESS_METRICS` as observed metrics of the query.
+
+How they travel. A streaming operator's ``mapInPandas`` has one more output column,
+:data:`METRICS_COL` (a JSON string): null on every row of the user's output, and each
+task, after publishing its checkpoint, yields one more row whose user columns are null
+(a placeholder where the schema says NOT NULL; ``OperatorConfig.progress_columns``) and whose :data:`METRICS_COL` holds what the task measured (:func:`task_metrics_frame`).
+The plan then observes, under the operator's observation name (the name the listener
+matches progress events with), the output rows and the metrics rows collected
+(:func:`observed_columns`), keeps only the user's rows and drops the column, so the user's
+DataFrame has exactly the columns it declared. Spark reports the observation in the
+batch's ``StreamingQueryProgress.observedMetrics``: ``query.lastProgress`` and every
+``StreamingQueryListener.onQueryProgress`` see it, and :func:`progress_metrics` sums and
+maxes the tasks' rows into the named metrics.
+
+The cost: one null string per output row through Arrow and the JVM, one small row per
+task, and a second aggregate beside the row count Spark already ran.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["METRICS_COL", "TASK_METRICS", "metrics_row_values",
+           "observed_columns", "placeholder", "progress_metrics", "task_metrics_frame",
+           "with_metrics_column"]
+
+#: The hidden column carrying each task's metrics from the task to the observation.
+METRICS_COL = "__sb_metrics"
+
+
+def metrics_row_values(schema: Any) -> dict[str, Any]:
+    """The user columns' values in a task's metrics row: null, except a value of the
+    column's type where the schema declares it NOT NULL (Spark's row writer trusts the
+    declaration; the row never reaches the user, who keeps the declared schema)."""
+    return {f.name: None if f.nullable else placeholder(f.dataType) for f in schema.fields}
+
+
+def placeholder(dt: Any) -> Any:
+    """A value of Spark type ``dt`` (its zero; nested NOT NULL fields filled the same way)."""
+    import datetime
+    import decimal
+
+    from pyspark.sql import types as T
+
+    if isinstance(dt, T.StructType):
+        return {f.name: None if f.nullable else placeholder(f.dataType) for f in dt.fields}
+    if isinstance(dt, T.ArrayType):
+        return []
+    if isinstance(dt, T.MapType):
+        return {}
+    if isinstance(dt, T.StringType | T.VarcharType | T.CharType):
+        return ""
+    if isinstance(dt, T.BinaryType):
+        return b""
+    if isinstance(dt, T.BooleanType):
+        return False
+    if isinstance(dt, T.DecimalType):
+        return decimal.Decimal(0)
+    if isinstance(dt, T.TimestampType | T.TimestampNTZType):
+        return datetime.datetime(1970, 1, 1)
+    if isinstance(dt, T.DateType):
+        return datetime.date(1970, 1, 1)
+    if isinstance(dt, T.DayTimeIntervalType):
+        return datetime.timedelta(0)
+    if isinstance(dt, T.NumericType):
+        return 0
+    return None
+
+
+#: The observation's field holding the tasks' metrics: one JSON object per task.
+TASK_METRICS = "task_metrics"
+
+
+def observed_columns() -> list[Any]:
+    """The observation's columns: ``rows`` (the user's output rows) and
+    :data:`TASK_METRICS`, the metrics rows' JSON collected (null user rows are skipped).
+
+    Two aggregates, not one per metric: Spark pays for every aggregate of an observation
+    in every micro-batch (33 of them cost 60-90 ms per batch here, BENCHMARKS.md), while
+    collecting the few metrics rows costs next to nothing. :func:`progress_metrics` folds
+    the collected rows into the named metrics (:func:`statebackend.metrics.combine_progress`).
+    """
+    from pyspark.sql import functions as F
+
+    m = F.col(METRICS_COL)
+    return [F.count(F.when(m.isNull(), F.lit(1))).alias("rows"),
+            F.collect_list(m).alias(TASK_METRICS)]
+
+
+def with_metrics_column(frame: pd.DataFrame) -> pd.DataFrame:
+    """The user's output frame with :data:`METRICS_COL` all null (a new frame over the same
+    column arrays: the user's frame itself is not changed)."""
+    # a frame built from the column arrays: ~100 us for any row count, where a shallow
+    # copy and a column assignment cost ~170 us (pandas consolidates its blocks)
+    columns = {name: frame[name] for name in frame.columns} if frame.columns.is_unique \
+        else None
+    if columns is None or METRICS_COL in columns:
+        out = frame.copy(deep=False)
+        out[METRICS_COL] = None
+        return out
+    columns[METRICS_COL] = np.full(len(frame), None, dtype=object)
+    return pd.DataFrame(columns, index=frame.index, copy=False)
+
+
+def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | float]
+                       ) -> pd.DataFrame:
+    """The one row a task adds to its output: the user columns as ``columns`` gives them
+    (:func:`metrics_row_values`), its metrics as JSON."""
+    row = {name: _one(v) for name, v in columns.items()}
+    row[METRICS_COL] = _one(json.dumps(dict(values), separators=(",", ":")))
+    return pd.DataFrame(row, copy=False)
+
+
+def _one(value: Any) -> np.ndarray:
+    # a one-element object array: pandas takes it as it is (no inference per column)
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
+
+
+def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
+    """The metrics of one operator in a progress report, by the names of
+    :data:`~statebackend.metrics.PROGRESS_METRICS`, summed and maxed over the micro-batch's
+    tasks, plus ``rows``.
+
+    ``progress`` is ``query.lastProgress`` (a dict), a ``StreamingQueryProgress`` (a
+    listener's ``event.progress``) or its JSON; ``name`` the operator's observation name
+    (:meth:`statebackend.RocksDBStateBackend.observation_name`). None when the report holds
+    no observation of that name (a micro-batch that ran no task of the operator).
+    """
+    from ..metrics import combine_progress
+
+    if isinstance(progress, str):
+        progress = json.loads(progress)
+    observed = (progress.get("observedMetrics") if isinstance(progress, Mapping)
+                else getattr(progress, "observedMetrics", None)) or {}
+    row = observed.get(name)
+    if row is None:
+        return None
+    row = dict(row) if isinstance(row, Mapping) else row.asDict()
+    tasks = [json.loads(x) for x in row.get(TASK_METRICS) or ()]
+    return {"rows": row.get("rows"), **combine_progress(tasks)}
