@@ -253,7 +253,7 @@ def run_one(spark, system: System, workload: str, input_dir: str, work: str, *,
         "state_bytes": size, "output_rows": rows[0], "restart_ms": None,
     }
     if system.ours:
-        from statebackend.metrics import read_metrics
+        from statebackend.metrics_store import read_metrics
         from statebackend.storage import open_store
 
         sources: dict[str, int] = {}

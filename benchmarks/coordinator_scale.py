@@ -39,7 +39,7 @@ from typing import Any
 import fsspec
 
 from statebackend.coordinator import CheckpointCoordinator, key_group_range
-from statebackend.metrics import record_checkpoint
+from statebackend.metrics_store import record_checkpoint
 from statebackend.model.manifest import FileEntry, PartitionManifest, attempt_dir
 from statebackend.storage import FsspecStore, open_store
 from statebackend.storage.accounting import AccountingFileSystem, RequestCounts

@@ -35,7 +35,7 @@ LAYERS: list[list[str]] = [
     ["rocksdb", "storage"],  # the only packages that touch rocksdict / fsspec
     ["state", "local"],  # keyed state over one instance; local disk, kept-open instances
     ["checkpoint"],  # one partition's checkpoint and restore
-    ["coordinator", "savepoint", "metrics"],  # the driver; savepoints; checkpoint metrics
+    ["coordinator", "savepoint", "metrics", "metrics_store"],  # the driver; savepoints; checkpoint metrics
     ["restore"],  # restores across checkpoints (rescale)
     ["spark"],  # the only package that imports pyspark
     ["restart", "supervisor", "verify"],

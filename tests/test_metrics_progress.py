@@ -17,9 +17,9 @@ from statebackend.metrics import (
     PartitionStats,
     combine_progress,
     partition_progress,
-    read_metrics,
     rocksdb_properties,
 )
+from statebackend.metrics_store import read_metrics
 from statebackend.options import StateBackendOptions
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.rocksdb.options import to_rocksdict_options

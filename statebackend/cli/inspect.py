@@ -170,7 +170,7 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace, out: TextIO) -> int:
-    from ..metrics import read_metrics
+    from ..metrics_store import read_metrics
 
     store = args.open_store()
     lines = read_metrics(store, args.operator, partitions=args.partitions)

@@ -312,7 +312,7 @@ def test_spark_query_with_instances_kept_open_counts_exactly_once(spark, tmp_pat
     from harness import check_batches, random_batches, run_stream, running_counts, write_batches
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
-    from statebackend.metrics import read_metrics
+    from statebackend.metrics_store import read_metrics
 
     data = random_batches(6, seed=31, rows=80, keys=25)
     write_batches(str(tmp_path / "in"), data)

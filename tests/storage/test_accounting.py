@@ -247,7 +247,7 @@ def test_completion_reads_one_manifest_per_partition_and_lists_once(tmp_path: Pa
 
 def test_requests_reach_the_checkpoint_metrics(tmp_path: Path) -> None:
     from statebackend.backend import complete_pending
-    from statebackend.metrics import read_metrics
+    from statebackend.metrics_store import read_metrics
     from tests.coordinator.coordsim import run_attempt
 
     store = open_store(str(tmp_path / "d"), backoff_s=0.0)
@@ -273,7 +273,7 @@ def test_requests_reach_the_checkpoint_metrics(tmp_path: Path) -> None:
 def test_metrics_files_do_not_grow_with_the_checkpoints_taken(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch
                                                               ) -> None:
-    import statebackend.metrics as metrics
+    import statebackend.metrics_store as metrics
     from statebackend.backend import complete_pending
     from tests.coordinator.coordsim import run_attempt
 
