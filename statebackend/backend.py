@@ -506,8 +506,16 @@ class RocksDBStateBackend:
         # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
         # logged by Spark, so retries see the same processing time)
         placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
-        if not df.isStreaming:
-            return placed.mapInPandas(make_task(config, process), schema)
+        if not df.isStreaming or not config.options.progress_metrics:
+            out = placed.mapInPandas(make_task(config, process), schema)
+            if not df.isStreaming:
+                return out
+            from .spark.listener import observation_name
+
+            # progress events carry it: the listener knows which query committed which
+            # micro-batch of this operator
+            return out.observe(observation_name(self.checkpoint_location, config.operator_id),
+                               F.count(F.lit(1)).alias("rows"))
         from pyspark.sql.types import StringType, StructField
 
         from .spark.listener import observation_name

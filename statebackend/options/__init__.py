@@ -175,6 +175,15 @@ class StateBackendOptions:
         "rocksdb", "runtime", "choice", choices=TIMER_SERVICES, doc=(
             "Where timers live: a RocksDB column family (`rocksdb`, unbounded), or Python "
             "memory (`heap`: faster, bounded by memory, written into each checkpoint)."))
+    progress_metrics: bool = _opt(
+        True, "runtime", "bool", doc=(
+            "Report each micro-batch's backend metrics in the streaming query's progress "
+            "(observed metrics, see \"Metrics in Spark's progress\" in docs/operations.md): "
+            "every task adds one row carrying them in a hidden column, which the plan drops "
+            "again. Off: nothing in the progress (the metrics are still written beside the "
+            "checkpoints), and two streaming operators placed by the same key can be unioned "
+            "in one stage without a repartition (Spark zips their partitions only when no "
+            "projection follows them)."))
     # --- RocksDB (spark.statebackend.rocksdb.*) ------------------------------------------
     predefined_profile: str = _opt(
         "DEFAULT", "rocksdb", "choice", choices=PREDEFINED_PROFILES, upper=True, doc=(

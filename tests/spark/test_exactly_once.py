@@ -27,9 +27,10 @@ def reference_running_counts(data: list[pd.DataFrame]) -> dict[int, pd.DataFrame
 check = check_batches
 
 
-def make_backend(tmp_path) -> RocksDBStateBackend:
+def make_backend(tmp_path, **options) -> RocksDBStateBackend:
     return RocksDBStateBackend(str(tmp_path / "state"),
-                               StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+                               StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local"),
+                                                   **options))
 
 
 def test_task_failing_on_first_attempt_is_retried_from_committed_state(spark, tmp_path):
@@ -80,12 +81,15 @@ def test_union_of_two_operators_in_one_stage(spark, tmp_path):
     # TaskContext.partitionId() is offset for the second operator: that must fail loudly,
     # never put state in the wrong partition. Two operators placed by the same expression
     # (same input, same key) are the exception: Spark then zips their partitions (its
-    # partitioning-aware union), and every task sees its own index for both.
+    # partitioning-aware union), and every task sees its own index for both. It does so
+    # only when no projection follows the operators: with progress metrics on (the plan
+    # drops their hidden column), that union fails as loudly as the other.
     import pyspark.sql.functions as F
 
     data = batches(2, seed=17)
     write_batches(str(tmp_path / "in"), data)
-    be = make_backend(tmp_path)
+    be = make_backend(tmp_path, progress_metrics=False)
+    with_progress = make_backend(tmp_path / "p")
     ref = reference_running_counts(data)
 
     def count(df, key, op):
@@ -102,6 +106,13 @@ def test_union_of_two_operators_in_one_stage(spark, tmp_path):
 
     with pytest.raises(Exception, match="combined \\(e.g. by union\\)"):
         run_stream(spark, str(tmp_path / "in"), SCHEMA, renumbered, str(tmp_path / "ck-bad"))
+    with pytest.raises(Exception, match="combined \\(e.g. by union\\)"):
+        run_stream(spark, str(tmp_path / "in"), SCHEMA,
+                   lambda df: with_progress.transform_with_state(
+                       df.groupBy("k"), P.RunningCount(), OUT, operator_id="pa").union(
+                       with_progress.transform_with_state(
+                           df.groupBy("k"), P.RunningCount(), OUT, operator_id="pb")),
+                   str(tmp_path / "ck-progress"))
 
     check_doubled(run_stream(spark, str(tmp_path / "in"), SCHEMA,
                              lambda df: count(df, "k", "az").union(count(df, "k", "bz")),
