@@ -225,6 +225,15 @@ def test_no_import_cycle() -> None:
     assert find_cycles(module_graph(_root())) == []
 
 
+def test_spark_tasks_do_not_import_the_driver_coordinator() -> None:
+    # The executor's side (spark/) reads records through storage.records; the driver's
+    # coordinator (completion, retention, deletion) is only ever the driver's.
+    graph = module_graph(_root())
+    offenders = {m: sorted(d for d in deps if d.startswith("statebackend.coordinator"))
+                 for m, deps in graph.items() if m.startswith("statebackend.spark")}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
 def test_the_checker_sees_type_checking_and_function_imports(tmp_path: Path) -> None:
     pkg = tmp_path / PACKAGE
     (pkg / "model").mkdir(parents=True)

@@ -30,7 +30,6 @@ from typing import Any
 from ..checkpoint.checkpointer import PartitionCheckpointer
 from ..checkpoint.fencing import claim
 from ..checkpoint.publish import ManifestFacts
-from ..coordinator.coordinator import completed_ids
 from ..errors import IncompatibleStateError
 from ..local.disk import WORK_DIR
 from ..local.resident import ResidentInstances, resident_instances
@@ -50,6 +49,7 @@ from ..storage.manifests import (
     read_completed_record,
     read_recorded_manifests,
 )
+from ..storage.records import completed_ids
 from .task import OperatorConfig, kg_range_of, local_root, run_identity
 
 _STORES: dict[tuple, Any] = {}
