@@ -180,7 +180,7 @@ class RocksDBStateBackend:
                 rows = row_process(backend, groups, ctx, decode)
                 return [pd.DataFrame([tuple(r) for r in rows], columns=names)] if rows else []
 
-        return self._plan(df, config, process, outputStructType)
+        return self._plan(df, config, process, outputStructType, outputMode)
 
     def apply_in_pandas_with_state(self, grouped_data: GroupedData, func: Callable,
                                    outputStructType: StructType | str,
@@ -202,13 +202,14 @@ class RocksDBStateBackend:
         def process(backend, groups, ctx, decode):
             return run_group_function(func, backend, groups, ctx, state_schema, timeout, decode)
 
-        return self._plan(df, config, process, outputStructType)
+        return self._plan(df, config, process, outputStructType, outputMode)
 
     def map_in_pandas(self, df: DataFrame, key: str | list[str], func: Callable,
                       schema: StructType | str, state_schema: StructType | str = "value BIGINT",
                       *, operator_id: str | None = None,
                       value_blocks: int | None = None,
-                      frame_rows: int | None = DEFAULT_FRAME_ROWS) -> DataFrame:
+                      frame_rows: int | None = DEFAULT_FRAME_ROWS,
+                      output_mode: str = "Append") -> DataFrame:
         """Run ``func(frames, state)`` over each partition's input with vectorised keyed
         state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``.
 
@@ -223,6 +224,10 @@ class RocksDBStateBackend:
         for it, so memory stays bounded. ``None``: always the whole input as one frame.
         Smaller frames cost CPU (more, smaller state calls and groupbys: twice the
         function's time at 50,000 rows against one 100,000-row frame, BENCHMARKS.md).
+
+        ``output_mode``: the streaming query's output mode ("Append" or "Update"), which
+        the carrier plan (``placement="carrier"``) must declare to Spark, as
+        ``applyInPandasWithState`` does; ignored by the default plan.
         """
         if value_blocks is not None and not is_block_count(value_blocks):
             raise OptionsError("value_blocks", value_blocks,
@@ -235,8 +240,9 @@ class RocksDBStateBackend:
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
+        _check_output_mode(output_mode)
         process = vector_process(func, config, state_schema, value_blocks, frame_rows)
-        return self._plan(df, config, process, schema)
+        return self._plan(df, config, process, schema, output_mode)
 
     # --- coordination -------------------------------------------------------------------
 
@@ -491,14 +497,22 @@ class RocksDBStateBackend:
             sp = f"{self.checkpoint_location.rstrip('/')}/{operator_id}/{savepoint_dir(sp)}"
         return {"from_savepoint": {"url": sp, "storage_options": self.storage_options}}
 
-    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
+    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema,
+              output_mode: str | None = None) -> DataFrame:
+        from .spark.carrier import carrier_plan, uses_carrier
+
         if config.extra.get("ticks") and df.isStreaming:
             df = plan.with_ticks(df)
-        placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)
-        # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
-        # logged by Spark, so retries see the same processing time)
-        placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
-        out = placed.mapInPandas(make_task(config, process), schema)
+        if uses_carrier(df, config, output_mode):
+            config.extra["carrier"] = True
+            self._carry_on_driver(config)
+            out = carrier_plan(df, config, process, schema, str(output_mode or "Append"))
+        else:
+            placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)
+            # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch
+            # and logged by Spark, so retries see the same processing time)
+            placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
+            out = placed.mapInPandas(make_task(config, process), schema)
         if df.isStreaming:
             from .spark.listener import observation_name
 
@@ -507,6 +521,20 @@ class RocksDBStateBackend:
             out = out.observe(observation_name(self.checkpoint_location, config.operator_id),
                               F.count(F.lit(1)).alias("rows"))
         return out
+
+    def _carry_on_driver(self, config: OperatorConfig) -> None:
+        """Completion of a committed micro-batch publishes the checkpoints of the carrier's
+        partitions that had no rows in it (:func:`statebackend.checkpoint.carry.carry_on_driver`)."""
+        import functools
+
+        from .checkpoint.carry import carry_on_driver
+
+        opts = config.options
+        local = opts.resolved_local_dir(executor_id=DRIVER_ID)
+        self.coordinator(config.operator_id).carry = functools.partial(
+            carry_on_driver, options=opts, local_root=local,
+            extra_metrics={"key_columns": list(config.key.columns),
+                           "key_types": list(config.key.types)})
 
     def _ensure_listener(self, spark: SparkSession) -> None:
         from .spark.listener import register_backend
@@ -541,6 +569,11 @@ def complete_pending(coordinator, up_to: int | None = None, run_id: str | None =
             # directory (and reads of the manifests published so far) every micro-batch
             break
         record = coordinator.try_complete(n, committed=up_to is not None, run_id=run_id)
+        carry = getattr(coordinator, "carry", None)
+        if (record is None and carry is not None and up_to is not None
+                and carry(coordinator, n)):
+            # Spark committed n: the carrier's partitions without rows ran no task in it
+            record = coordinator.try_complete(n, committed=True, run_id=run_id)
         if record is None:
             if up_to is not None and n < up_to and not coordinator.anything_published(n):
                 n += 1

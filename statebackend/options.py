@@ -69,6 +69,7 @@ PREDEFINED_PROFILES = (
 )
 SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
+PLACEMENTS = ("shuffle", "carrier")
 CHECKPOINT_MODES = ("incremental", "changelog")
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")
@@ -510,6 +511,13 @@ class StateBackendOptions:
     snapshot_compression: str = _opt(
         "snappy", "Compression of key-group blocks in full snapshots and savepoints.",
         "choice", choices=SNAPSHOT_COMPRESSIONS)
+    placement: str = _opt(
+        "shuffle", "How streaming operators place partitions on executors: 'shuffle' "
+        "(repartition + mapInPandas; Spark's scheduler picks any executor) or 'carrier' "
+        "(each partition's work runs inside a Spark stateful operator, so Spark's "
+        "state-store scheduling keeps it on the executor that holds its state; "
+        "docs/scaling.md, 'Placement'). Batch DataFrames always use 'shuffle'.",
+        "choice", choices=PLACEMENTS)
     timer_service: str = _opt(
         "rocksdb", "Where timers live: 'rocksdb' (a column family, unbounded) or 'heap' "
         "(Python memory, faster, written into each checkpoint).",

@@ -342,6 +342,9 @@ class CheckpointCoordinator:
         self._gc_again = False
         self.fencing = fencing
         # the writer epoch this coordinator last acted under, and the run it acts for
+        # the carrier plan's carry-over of partitions that ran no task in a committed
+        # micro-batch (statebackend.checkpoint.carry.carry_on_driver), set by the backend
+        self.carry: Callable[..., list[int]] | None = None
         self._epoch: int | None = None
         self._epoch_run: str | None = None  # the run that holds self._epoch
         if rebuild:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..checkpoint.carry import carried_origin, never_ran
 from ..checkpoint.fencing import claim
 from ..checkpoint.manifest import (
     CompletedCheckpoint,
@@ -211,6 +212,9 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
                         prev)
     kg_range = kg_range_of(config, partition)
     base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
+    if base is None and record is None and prev >= 0 and config.extra.get("carrier"):
+        from .carrier import carry_idle_partition  # it had no rows in batch `prev`
+        base = carry_idle_partition(store, config, partition, prev)
     if base is None and prev >= 0:
         completed = completed_ids(store)
         ran = last_batch_that_ran(store, prev, completed) if record is None else prev
@@ -227,16 +231,17 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             f"{config.max_parallelism}` (or statebackend.savepoint.migrate.migrate_savepoint), "
             f"and start from the new savepoint)")
     passed_over: list[str] = []  # faster sources that did not work out, for the report
+    target = carried_origin(base)  # a carried-over manifest: restore what it carries
     if resident is not None:
         t0 = time.perf_counter()
-        kept = resident.take(checkpointer.local, base)
-        if kept is not None and base is not None:
-            rmetrics = checkpointer.resume(base, kept, time.perf_counter() - t0)
+        kept = resident.take(checkpointer.local, target)
+        if kept is not None and target is not None:
+            rmetrics = checkpointer.resume(target, kept, time.perf_counter() - t0)
             et = base.metrics.get("max_event_time_ms")
             return Restored(kept, rmetrics, base, False, et, record, prev)
         if base is not None:
             # open in another worker of this executor: have it handed over (bounded wait)
-            resident.request_handover(checkpointer.local, base, reasons=passed_over)
+            resident.request_handover(checkpointer.local, target, reasons=passed_over)
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
@@ -249,9 +254,9 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
         et = reader.manifest.metrics.get("max_event_time_ms")
         return Restored(inst, smetrics, None, False, None if et is None else int(et), record,
                         prev)
-    inst, rmetrics = checkpointer.restore(base, passed_over)
+    inst, rmetrics = checkpointer.restore(target, passed_over)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
-    return Restored(inst, rmetrics, base, base is None, et, record, prev)
+    return Restored(inst, rmetrics, base, base is None or never_ran(base), et, record, prev)
 
 
 def last_batch_that_ran(store, prev: int, completed: list[int]) -> int:
@@ -276,12 +281,12 @@ def last_batch_that_ran(store, prev: int, completed: list[int]) -> int:
 
 def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                   process: Callable[[KeyedStateBackend, Any, BatchContext,
-                                     Callable[[bytes], tuple]], list]
-                  ) -> Iterator[pd.DataFrame]:
+                                     Callable[[bytes], tuple]], list],
+                  partition: int | None = None) -> Iterator[pd.DataFrame]:
     """Run one task; ``process(backend, groups, ctx, frames)`` returns the output frames."""
     from ..checkpoint import PartitionCheckpointer
 
-    checkpoint_id, partition, attempt = task_identity(config)
+    checkpoint_id, partition, attempt = task_identity(config, partition)
     t0 = time.perf_counter()
     per_key = config.extra.get("per_key", True)
     source = TaskInput(batches, config.watermark[0] if config.watermark is not None else None)

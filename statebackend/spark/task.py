@@ -196,8 +196,9 @@ def decode_key(key: bytes, spec: KeySpec) -> tuple:
     return decode_grouping_key(key, list(spec.types))[1]
 
 
-def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
-    """(checkpoint id, partition, attempt name) of the running Spark task."""
+def task_identity(config: OperatorConfig, partition: int | None = None) -> tuple[int, int, str]:
+    """(checkpoint id, partition, attempt name) of the running Spark task (``partition``:
+    ours when it is not the task's, as in the carrier plan, :mod:`.carrier`)."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -212,7 +213,7 @@ def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
         raise StateBackendError("no micro-batch id and no epoch: run through RocksDBStateBackend")
     # unique per attempt even across driver restarts (invariant 2)
     attempt = f"t{tc.taskAttemptId()}-a{tc.attemptNumber()}-{uuid.uuid4().hex[:8]}"
-    partition = tc.partitionId()
+    partition = tc.partitionId() if partition is None else partition
     if not 0 <= partition < config.parallelism:
         # After a union in the same stage Spark numbers partitions across both sides, and
         # no API tells a task its index within our own RDD.
