@@ -111,3 +111,14 @@ def uses_carrier(df: DataFrame, config: OperatorConfig, output_mode: str | None)
     on, and an output mode the carrier supports (batch DataFrames keep today's plan)."""
     return (df.isStreaming and config.options.placement == "carrier"
             and str(output_mode or "append").lower() in CARRIER_OUTPUT_MODES)
+
+
+def carry_idle_partition(store, config: OperatorConfig, partition: int, prev: int):
+    """The manifest a task of batch ``prev + 1`` starts from when its partition had no rows
+    in batch ``prev`` and the driver has not completed ``prev`` yet (see
+    :func:`statebackend.checkpoint.carry.carry_in_task`)."""
+    from ..checkpoint.carry import carry_in_task
+    from .task import kg_range_of
+
+    kg = kg_range_of(config, partition)
+    return carry_in_task(store, partition, prev, config.parallelism, (kg.start, kg.end))
