@@ -155,6 +155,7 @@ class RocksDBStateBackend:
         # as Spark: in event-time mode input at or before the watermark for late events
         # never reaches the processor
         config.extra["drop_late"] = mode == "EventTime"
+        config.extra["timers"] = mode  # the carrier keeps partitions with timers running
         as_rows = flavour == "row"
         processor = statefulProcessor
         initial_pdf_holder: dict[str, Any] = {}
@@ -197,6 +198,9 @@ class RocksDBStateBackend:
         config.extra["ticks"] = ticks
         # as Spark: with an event-time timeout, late input never reaches the function
         config.extra["drop_late"] = timeout == GroupStateTimeout.EventTimeTimeout
+        config.extra["timers"] = {GroupStateTimeout.EventTimeTimeout: "EventTime",
+                                  GroupStateTimeout.ProcessingTimeTimeout: "ProcessingTime",
+                                  }.get(timeout, "None")
         state_schema = _struct(df.sparkSession, stateStructType)
 
         def process(backend, groups, ctx, decode):

@@ -14,7 +14,8 @@ to Spark partition ``p mod N`` (``N``: the query's shuffle partitions). Each of 
 partitions is one group: the function is called once per partition per micro-batch with
 the partition's whole input as an iterator of pandas frames, and runs exactly the task
 of today's plan (:func:`statebackend.spark.runner.run_partition`) on it, batch at a time.
-The carrier's own state store stays empty (the function never sets a state).
+The carrier's own state store stays empty for operators without timers, and holds one
+tiny row per partition for operators with timers (:func:`carrier_timeout`).
 
 Correctness never depends on placement: the group value names our partition, so a value
 that Spark places elsewhere (a restart whose checkpointed shuffle partitions differ from
@@ -80,10 +81,32 @@ def spark_partitions_of(df: DataFrame) -> int:
     return int(str(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
 
 
+def carrier_timeout(config: OperatorConfig) -> str:
+    """The carrier's GroupState timeout: what keeps a partition with timers running.
+
+    Operators without timers: ``NoTimeout`` (a partition runs when it has rows; skipping
+    it otherwise changes nothing). Processing-time timers (``timeMode="ProcessingTime"``,
+    a ``ProcessingTimeTimeout``): ``ProcessingTimeTimeout``, each partition's timeout set
+    1 ms ahead, so every partition that has run is called in every micro-batch, rows or
+    not, as the shuffle plan runs every partition; Spark then also runs no-data
+    micro-batches, as its own operators in that mode do. Event-time timers with a
+    watermark: ``EventTimeTimeout`` set just past the watermark, so a partition is called
+    whenever the watermark advances, and Spark runs a no-data micro-batch when it does,
+    as its own operators in that mode do.
+    """
+    mode = config.extra.get("timers")
+    if mode == "ProcessingTime":
+        return "ProcessingTimeTimeout"
+    if mode == "EventTime" and config.watermark is not None:
+        return "EventTimeTimeout"
+    return "NoTimeout"
+
+
 def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., list],
                  schema: Any, output_mode: str) -> DataFrame:
     """``df`` (ticks already added) run through the carrier: each group runs
     :func:`~statebackend.spark.runner.run_partition` for its partition with ``process``."""
+    timeout = carrier_timeout(config)
     n_spark = spark_partitions_of(df)
     values = carrier_values(config.parallelism, n_spark)
     partition_of = {v: p for p, v in enumerate(values)}
@@ -99,11 +122,18 @@ def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., l
     def carry(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         from .runner import run_partition
 
-        yield from run_partition(config, frames, process, partition=partition_of[int(key[0])])
+        out = list(run_partition(config, frames, process, partition=partition_of[int(key[0])]))
+        if timeout == "ProcessingTimeTimeout":
+            state.update((1,))
+            state.setTimeoutDuration(1)
+        elif timeout == "EventTimeTimeout":
+            state.update((1,))
+            state.setTimeoutTimestamp(max(int(state.getCurrentWatermarkMs()), 0) + 1)
+        yield from out
 
     mode = "Append" if str(output_mode).lower() == "append" else "Update"
     return df.groupBy(PID_COL).applyInPandasWithState(
-        carry, schema, "unused INT", mode, "NoTimeout")
+        carry, schema, "alive INT", mode, timeout)
 
 
 def uses_carrier(df: DataFrame, config: OperatorConfig, output_mode: str | None) -> bool:
