@@ -393,6 +393,11 @@ class StateBackendOptions:
         Threads per task transferring files to/from durable storage (1..64).
     snapshot_compression : {"snappy", "none"}, default "snappy"
         Compression of key-group blocks in full snapshots and savepoints.
+    placement : {"shuffle", "carrier"}, default "shuffle"
+        How streaming operators place partitions on executors: repartition + mapInPandas
+        ("shuffle"), or inside a Spark stateful operator so that Spark's state-store
+        scheduling keeps each partition on the executor holding its state ("carrier",
+        docs/scaling.md "Placement"). Batch DataFrames always use "shuffle".
     timer_service : {"rocksdb", "heap"}, default "rocksdb"
         Where timers live: a RocksDB column family, or the Python heap (faster, bounded by
         memory, written into checkpoints).
