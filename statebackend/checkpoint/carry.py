@@ -64,7 +64,10 @@ def carried_manifest(origin: PartitionManifest, checkpoint_id: int,
 
 def carried_origin(m: PartitionManifest | None) -> PartitionManifest | None:
     """The manifest a restore should look for: ``m`` itself, or for a carried manifest the
-    one it carries (rebuilt from ``m``, no read: same files, origin's id and attempt)."""
+    one it carries (rebuilt from ``m``, no read: same files, the origin's id and attempt,
+    so the instance kept open, the working directory and the local copy of the origin
+    match, and a checkpoint built on it names the origin as its base; ``m``'s metrics, so
+    the watermark it records is the carried micro-batch's)."""
     if m is None:
         return None
     src = m.metrics.get(CARRIED_FROM)

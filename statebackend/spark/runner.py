@@ -231,17 +231,17 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             f"{config.max_parallelism}` (or statebackend.savepoint.migrate.migrate_savepoint), "
             f"and start from the new savepoint)")
     passed_over: list[str] = []  # faster sources that did not work out, for the report
-    target = carried_origin(base)  # a carried-over manifest: restore what it carries
+    base = carried_origin(base)  # a carried-over manifest: the checkpoint it carries
     if resident is not None:
         t0 = time.perf_counter()
-        kept = resident.take(checkpointer.local, target)
-        if kept is not None and target is not None:
-            rmetrics = checkpointer.resume(target, kept, time.perf_counter() - t0)
+        kept = resident.take(checkpointer.local, base)
+        if kept is not None and base is not None:
+            rmetrics = checkpointer.resume(base, kept, time.perf_counter() - t0)
             et = base.metrics.get("max_event_time_ms")
             return Restored(kept, rmetrics, base, False, et, record, prev)
         if base is not None:
             # open in another worker of this executor: have it handed over (bounded wait)
-            resident.request_handover(checkpointer.local, target, reasons=passed_over)
+            resident.request_handover(checkpointer.local, base, reasons=passed_over)
     savepoint = config.extra.get("from_savepoint")
     if base is None and savepoint:
         from ..savepoint.reader import SavepointReader
@@ -254,7 +254,7 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
         et = reader.manifest.metrics.get("max_event_time_ms")
         return Restored(inst, smetrics, None, False, None if et is None else int(et), record,
                         prev)
-    inst, rmetrics = checkpointer.restore(target, passed_over)
+    inst, rmetrics = checkpointer.restore(base, passed_over)
     et = base.metrics.get("max_event_time_ms") if base is not None else None
     return Restored(inst, rmetrics, base, base is None or never_ran(base), et, record, prev)
 
