@@ -211,7 +211,8 @@ def carry_on_driver(coordinator, checkpoint_id: int, options, local_root: str,
         if p in origins:
             publish_manifest(ostore, carried_manifest(origins[p], checkpoint_id, wm))
             continue
-        kg = key_group_range(p, coordinator.parallelism, coordinator.max_parallelism)
+        r = key_group_range(p, coordinator.parallelism, coordinator.max_parallelism)
+        kg = (r.start, r.end)
         _publish_restored(coordinator, p, checkpoint_id, kg, latest, options, local_root,
                           {**(extra_metrics or {}), "rows": 0, "keys": 0,
                            **({} if wm is None else {"watermark_ms": int(wm)}),
