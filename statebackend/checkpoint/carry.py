@@ -123,9 +123,13 @@ def _peer_watermark(ostore, by_partition: dict[int, list[str]]) -> int | None:
 
 
 def latest_own_manifest(ostore, partition: int, before: int, parallelism: int,
-                        kg_range: tuple[int, int]) -> PartitionManifest | None:
+                        kg_range: tuple[int, int]) -> tuple[PartitionManifest | None, bool]:
     """The latest manifest of ``partition`` (same layout) of a checkpoint before
-    ``before``: from a completed record, or chosen among published attempts."""
+    ``before``, chosen among published attempts after the latest completed checkpoint, or
+    from that checkpoint's record; and whether a completed checkpoint of another layout
+    was found instead (a rescale). One listing of the records, and one of each
+    checkpoint after the latest completed one."""
+    from ..coordinator.coordinator import completed_ids
     from ..storage.manifests import (
         list_published_manifests,
         read_completed_record,
@@ -133,17 +137,20 @@ def latest_own_manifest(ostore, partition: int, before: int, parallelism: int,
     )
     from .manifest import choose_manifest
 
-    for n in range(before - 1, -1, -1):
-        record = read_completed_record(ostore, n)
-        if record is not None:
-            if record.parallelism != parallelism:
-                return None  # another layout: only a rescaling restore can build it
-            return read_recorded_manifests(ostore, record, [partition])[partition]
+    floor = max([c for c in completed_ids(ostore) if c < before], default=-1)
+    for n in range(before - 1, floor, -1):
         published = [m for m in list_published_manifests(ostore, n, partition)
                      if (m.key_group_start, m.key_group_end) == tuple(kg_range)]
         if published:
-            return choose_manifest(published)
-    return None
+            return choose_manifest(published), False
+    if floor < 0:
+        return None, False
+    record = read_completed_record(ostore, floor)
+    if record is None:
+        return None, False
+    if record.parallelism != parallelism:
+        return None, True  # another layout: only a rescaling restore can build it
+    return read_recorded_manifests(ostore, record, [partition])[partition], False
 
 
 def carry_in_task(ostore, partition: int, checkpoint_id: int, parallelism: int,
@@ -154,18 +161,20 @@ def carry_in_task(ostore, partition: int, checkpoint_id: int, parallelism: int,
     committing the one before, so the partition ran no task of ``checkpoint_id``.
 
     None when nothing at all was published for ``checkpoint_id`` (the caller passes over
-    such micro-batches) or no earlier state of this partition exists. When the earlier
-    state has another layout (a rescale), waits up to ``wait_s`` for the driver, which
-    carries it with a rescaling restore (:func:`carry_on_driver`).
+    such micro-batches) or this partition has no earlier state (it starts empty). When
+    the earlier state has another layout (the first micro-batch after a rescale), waits
+    up to ``wait_s`` for the driver, which completes ``checkpoint_id`` with a rescaling
+    restore of this partition (:func:`carry_on_driver`).
     """
     from ..storage.manifests import publish_manifest, read_completed_record, read_recorded_manifests
 
     by_partition = _manifests_at(ostore, checkpoint_id)
     if by_partition is None:
         return None
-    origin = latest_own_manifest(ostore, partition, checkpoint_id, parallelism, kg_range)
+    origin, rescaled = latest_own_manifest(ostore, partition, checkpoint_id, parallelism,
+                                           kg_range)
     if origin is None:
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (wait_s if rescaled else 0.0)
         while time.monotonic() < deadline:
             record = read_completed_record(ostore, checkpoint_id)
             if record is not None:
