@@ -255,16 +255,20 @@ def _publish_restored(coordinator, partition: int, checkpoint_id: int,
                                    options, root, open_instance=open_instance,
                                    writer_epoch=getattr(coordinator, "_epoch", None) or None)
         states: tuple = ()
+        base = None
         if record is None:
             inst, _ = cp.restore(None, [])
         else:
             inst, _, sources = restore_rescaled(cp, record, coordinator.parallelism,
                                                 coordinator.max_parallelism, root,
                                                 open_instance)
-            states = sources[0].states if sources else ()
+            # as a task after a rescale: the first source is the base (changelog mode
+            # then materializes, the rescaled state being no changelog of anything)
+            base = carried_origin(sources[0]) if sources else None
+            states = base.states if base is not None else ()
         try:
             cp.checkpoint(inst, checkpoint_id, carried_attempt(), kg, states,
-                          base_manifest=None, extra_metrics=metrics)
+                          base_manifest=base, extra_metrics=metrics)
         finally:
             inst.close()
     finally:

@@ -208,8 +208,8 @@ def _obtain(config: OperatorConfig, store, checkpointer, checkpoint_id: int,
             local_root(config.options), open_instance)
         ets = [int(m.metrics["max_event_time_ms"]) for m in sources
                if m.metrics.get("max_event_time_ms") is not None]
-        return Restored(inst, rmetrics, sources[0], False, max(ets) if ets else None, record,
-                        prev)
+        return Restored(inst, rmetrics, carried_origin(sources[0]), False,
+                        max(ets) if ets else None, record, prev)
     kg_range = kg_range_of(config, partition)
     base = resolve_base(store, partition, prev, (kg_range.start, kg_range.end), record)
     if base is None and record is None and prev >= 0 and config.extra.get("carrier"):
