@@ -574,7 +574,10 @@ class PartitionCheckpointer:
             return base
         if base is None:
             return self.restored_from
-        if self.restored_from is None or base.path != self.restored_from.path:
+        # a carried-over manifest and the checkpoint it carries hold the same files
+        # (statebackend.checkpoint.carry)
+        if self.restored_from is None or (_origin_path(base)
+                                          != _origin_path(self.restored_from)):
             restored = None if self.restored_from is None else self.restored_from.path
             raise CheckpointError(f"base manifest {base.path} is not the one this state was "
                                   f"restored from ({restored}); only files of the restored "
@@ -595,3 +598,10 @@ class PartitionCheckpointer:
         except Exception:  # noqa: BLE001 - invariant 7: secondary is secondary
             log.warning("checkpoint %d partition %d: keeping the local copy failed",
                         snapshot.checkpoint_id, snapshot.partition, exc_info=True)
+
+
+def _origin_path(m: PartitionManifest) -> str:
+    from .carry import carried_origin
+
+    return (carried_origin(m) or m).path
+
