@@ -53,7 +53,8 @@ from one part per concern: :mod:`~statebackend.coordinator.completion` (choosing
 writing records), :mod:`~statebackend.coordinator.garbage` (abort, sweeps, deletion of
 subsumed checkpoints), :mod:`~statebackend.coordinator.rebuild` (the registry from the
 records) and :mod:`~statebackend.coordinator.ownership` (the shared state, paths and the
-writer epoch). :mod:`~statebackend.coordinator.records` reads records for everyone else.
+writer epoch). :mod:`~statebackend.coordinator.records` holds paths and result types;
+records are read through :mod:`statebackend.storage.records`.
 """
 
 
@@ -76,11 +77,7 @@ from .records import (
     CheckpointInfo,
     GcReport,
     RestorePoint,
-    completed_ids,  # noqa: F401  (importable from here, as before the split)
     key_group_range,
-    listed_records,
-    read_latest_record,
-    require_completed_record,
 )
 from .registry import SharedStateRegistry
 
@@ -90,9 +87,6 @@ __all__ = [
     "GcReport",
     "RestorePoint",
     "key_group_range",
-    "listed_records",
-    "read_latest_record",
-    "require_completed_record",
 ]
 
 

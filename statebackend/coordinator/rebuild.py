@@ -15,15 +15,9 @@ from ..model.manifest import (
     PartitionManifest,
     completed_record_path,
 )
+from ..storage.records import missing_latest, read_latest_pointer, records_in
 from .ownership import _Owner, log
-from .records import (
-    _PIN_NAME,
-    PINS_DIR,
-    WATERMARK_PATH,
-    missing_latest,
-    read_latest_pointer,
-    records_in,
-)
+from .records import _PIN_NAME, PINS_DIR, WATERMARK_PATH
 from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
 
 

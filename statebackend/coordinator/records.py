@@ -1,8 +1,7 @@
-"""Reading an operator's completed-checkpoint records, and the coordinator's result types.
+"""The coordinator's paths, listing helpers and result types.
 
-Functions here serve the coordinator and the readers of a checkpoint (restoring tasks,
-savepoints, ``read_state``, the CLI): they list and read records and the
-``_checkpoints/LATEST.json`` pointer, and write nothing.
+Reading completed-checkpoint records and the ``_checkpoints/LATEST.json`` pointer, for the
+coordinator and every other reader alike, is :mod:`statebackend.storage.records`.
 """
 
 from __future__ import annotations
@@ -17,15 +16,6 @@ from ..model.manifest import (
     MANIFEST_NAME,
     CompletedCheckpoint,
     PartitionManifest,
-)
-from ..storage.records import (  # noqa: F401 - the coordinator's modules read records here
-    completed_ids,
-    listed_records,
-    missing_latest,
-    read_latest_pointer,
-    read_latest_record,
-    records_in,
-    require_completed_record,
 )
 
 PINS_DIR = "_pins"
