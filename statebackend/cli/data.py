@@ -83,17 +83,8 @@ def add_read(sub: Any) -> None:
     p = sub.add_parser("read", help="dump state to Parquet or CSV")
     common_args(p)
     p.add_argument("--checkpoint", type=_count(0), default=None, help="default: the latest")
-    p.add_argument("--state", default=None,
-                   help="one state (typed columns); default every state, values as JSON")
-    p.add_argument("--partition", type=_count(0), action="append",
-                   help="only this partition (repeatable)")
-    p.add_argument("-o", "--output", required=True,
-                   help="file to write (.parquet or .csv), or - for CSV on stdout")
-    p.add_argument("--format", choices=["parquet", "csv"], default=None)
-    p.add_argument("--key-types", default=None,
-                   help="grouping-key types, comma separated, if the checkpoint lacks them")
+    _output_args(p, partition_help="only this partition (repeatable)")
     p.set_defaults(func=cmd_read)
-
 
 
 def add_changes(sub: Any) -> None:
@@ -103,14 +94,18 @@ def add_changes(sub: Any) -> None:
                    help="the older retained checkpoint")
     p.add_argument("--to", dest="to_id", type=int, required=True, metavar="B",
                    help="the newer retained checkpoint")
+    _output_args(p, partition_help="only this partition of B (repeatable)")
+    p.set_defaults(func=cmd_changes)
+
+
+def _output_args(p: Any, *, partition_help: str) -> None:
+    """The arguments ``read`` and ``changes`` share: which state and partitions, where to."""
     p.add_argument("--state", default=None,
                    help="one state (typed columns); default every state, values as JSON")
-    p.add_argument("--partition", type=int, action="append",
-                   help="only this partition of B (repeatable)")
+    p.add_argument("--partition", type=_count(0), action="append", help=partition_help)
     p.add_argument("-o", "--output", required=True,
                    help="file to write (.parquet or .csv), or - for CSV on stdout")
     p.add_argument("--format", choices=["parquet", "csv"], default=None)
     p.add_argument("--key-types", default=None,
-                   help="grouping-key types, comma separated, if the checkpoints lack them")
-    p.set_defaults(func=cmd_changes)
+                   help="grouping-key types, comma separated, if the checkpoint lacks them")
 

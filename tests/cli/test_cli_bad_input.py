@@ -106,6 +106,7 @@ def test_a_missing_checkpoint_partition_state_or_savepoint_exits_3(capsys, built
     ["gc", "{url}", "op", "--num-retained", "-3"],
     ["gc", "{url}", "op", "--num-retained", "three"],
     ["read", "{url}", "op", "--partition", "-1", "-o", "-"],
+    ["changes", "{url}", "op", "--from", "0", "--to", "1", "--partition", "-1", "-o", "-"],
     ["read", "{url}", "op", "--checkpoint", "1.5", "-o", "-"],
     ["read", "{url}", "op"],  # no -o
     ["read", "{url}", "op", "-o", "-", "--format", "parquet"],
