@@ -157,11 +157,26 @@ def _frame_of(names: list[str], arrays: list[Any], n: int) -> pd.DataFrame:
         blocks = tuple(new_block(ensure_block_shape(a, 2), BlockPlacement(slice(i, i + 1)),
                                  ndim=2)
                        for i, a in enumerate(arrays))
-        mgr = BlockManager(blocks, [pd.Index(names), pd.RangeIndex(n)],
+        mgr = BlockManager(blocks, [_columns_index(names), pd.RangeIndex(n)],
                            verify_integrity=False)
         return pd.DataFrame._from_mgr(mgr, axes=mgr.axes)
     except (ImportError, AttributeError, TypeError, ValueError):
         return pd.DataFrame(dict(zip(names, arrays)), copy=False)
+
+
+_INDEXES: dict[tuple[str, ...], pd.Index] = {}
+
+
+def _columns_index(names: list[str]) -> pd.Index:
+    """The (immutable, so shared) column index of ``names``: building one costs more than
+    the rest of the frame (~60% of it), and a worker's tasks use a few at most."""
+    key = tuple(names)
+    index = _INDEXES.get(key)
+    if index is None:
+        if len(_INDEXES) >= 64:
+            _INDEXES.clear()
+        index = _INDEXES[key] = pd.Index(names)
+    return index
 
 
 def task_metrics_frame(columns: Mapping[str, Any], values: Mapping[str, int | float],

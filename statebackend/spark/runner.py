@@ -106,7 +106,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     # what this task measured, as one more row for the query's observed metrics
     yield from frames_with_metrics(concat_frames(out) if out else None,
                                    config.progress_columns,
-                                   partition_progress(partition_stats(published, None)))
+                                   partition_progress(partition_stats(published, None,
+                                                                      requests=False)))
 
 
 def process_batch(config: OperatorConfig, state: PartitionState, restored: Restored,

@@ -70,3 +70,31 @@ def test_request_counts_round_trip_through_dicts():
     assert RequestCounts.from_dict(d) == c
     assert RequestCounts.from_dict({"get": "2"}) == RequestCounts(get=2)
     assert RequestCounts.from_dict(None) == RequestCounts()
+
+
+def manifest(**metrics):
+    from statebackend.model.manifest import FileEntry, PartitionManifest
+
+    files = (FileEntry("000001.sst", "chk-2/p0/a/000001.sst", 100, "crc32:00000000", True,
+                       True),
+             FileEntry("000002.sst", "chk-1/p0/a/000002.sst", 50, "crc32:00000000", True,
+                       False))
+    return PartitionManifest("op", 0, 2, "a", 0, 127, 128, files, metrics=metrics)
+
+
+@pytest.mark.parametrize("metrics", [
+    {"rows": 5, "restore": {"source": "durable", "duration_s": 0.5, "bytes_downloaded": 9},
+     "rocksdb": {"state_entries": 3, "l0_files": 2}, "sync_duration_s": 0.25,
+     "bytes_uploaded": 100, "files_uploaded": 1, "files_reused": 1,
+     "restore_requests": {"get": 3}, "checkpoint_requests": {"put": 2, "bytes_up": 100}},
+    {"rows": 5},  # older manifests: uploads counted from the files
+], ids=["recorded", "from-files"])
+def test_the_task_metrics_row_skips_request_counts_and_nothing_else(metrics):
+    from statebackend.metrics import partition_progress, partition_stats
+
+    m = manifest(**metrics)
+    full, lean = partition_stats(m, None), partition_stats(m, None, requests=False)
+    assert lean.requests == {} and (full.requests != {}) == ("restore_requests" in metrics)
+    assert partition_progress(lean) == partition_progress(full)
+    assert (lean.bytes_uploaded, lean.files_uploaded, lean.files_reused, lean.full_size) == \
+        (100, 1, 1, 150)
