@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import SchemaError
+from ..errors import SchemaError, StateBackendError
 from ..model.manifest import CompletedCheckpoint, StateDescriptor
 from ..rocksdb.instance import RocksDBInstance
 from ..state.backend import META_CF, KeyedStateBackend
@@ -40,11 +40,20 @@ Declare = Callable[[KeyedStateBackend], Any]
 def recorded_state_sets(store: Any, record: CompletedCheckpoint | None,
                         operator_id: str) -> list[tuple[StateDescriptor, ...]]:
     """The distinct sets of state descriptors the partitions of ``record`` recorded (one
-    set when every partition declared the same states, as usual); none without a record."""
+    set when every partition declared the same states, as usual); none without a record,
+    or when its manifests cannot be read (the tasks then fail on them, typed)."""
     if record is None:
         return []
+    try:
+        manifests = read_recorded_manifests(store, record, operator_id=operator_id)
+    except StateBackendError as exc:
+        # a damaged or unreachable checkpoint is the tasks' to report (typed, with the
+        # restore's fallbacks): planning does not fail over it
+        log.warning("schema check on the driver skipped: checkpoint %d of %s: %s",
+                    record.checkpoint_id, operator_id, exc)
+        return []
     sets: dict[tuple[StateDescriptor, ...], None] = {}
-    for m in read_recorded_manifests(store, record, operator_id=operator_id).values():
+    for m in manifests.values():
         states = tuple(sorted((d for d in m.states if d.kind != "timers"),
                               key=lambda d: d.name))
         if states:
