@@ -27,7 +27,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def count(workload: str, keys: int, rows: int, batches: int) -> tuple[int, int]:
+def count(workload: str, keys: int, rows: int, batches: int,
+          progress_metrics: bool = True) -> tuple[int, int]:
     """Instructions of ``batches`` steady-state tasks of ``workload`` (a child under
     callgrind that switches counting on after its warm-up): the task's own thread, and all
     threads together.
@@ -42,7 +43,7 @@ def count(workload: str, keys: int, rows: int, batches: int) -> tuple[int, int]:
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
            f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, __file__, "--child",
            "--workloads", workload, "--keys", str(keys), "--rows", str(rows),
-           "--batches", str(batches)]
+           "--batches", str(batches), *(() if progress_metrics else ("--no-progress-metrics",))]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     main_thread = every = 0
     for path in glob.glob(f"{out_dir}/cg.*"):
@@ -69,7 +70,8 @@ def child(args: argparse.Namespace) -> None:
     config = T.config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
                           f"bench-{args.workloads}")
     process = T.task_process(args.workloads, config)
-    if hasattr(config, "progress_columns"):  # a streaming task: its row of metrics too
+    if hasattr(config, "progress_columns") and args.progress_metrics:
+        # a streaming task: its row of metrics too
         config.progress_columns = {"k": None, "v": None}
     pid = str(os.getpid())
     saved = runner.task_identity
@@ -99,6 +101,9 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=2000)
     ap.add_argument("--rows", type=int, default=4000)
     ap.add_argument("--batches", type=int, default=3, help="counted batches (after a warm-up)")
+    ap.add_argument("--no-progress-metrics", dest="progress_metrics", action="store_false",
+                    help="tasks without their row of metrics for Spark's progress (as "
+                         "progress_metrics=False): the baseline of the metrics' cost")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -106,9 +111,10 @@ def main() -> None:
         return
     import statebackend
 
-    print(f"code: {os.path.dirname(statebackend.__file__)}")
+    print(f"code: {os.path.dirname(statebackend.__file__)}, progress metrics "
+          f"{'on' if args.progress_metrics else 'off'}")
     for w in args.workloads.split(","):
-        n, every = count(w, args.keys, args.rows, args.batches)
+        n, every = count(w, args.keys, args.rows, args.batches, args.progress_metrics)
         per_key = n / (args.keys * args.batches)
         print(f"{w}: {n:,} instructions in the task's thread over {args.batches} batches of "
               f"{args.rows:,} rows ({args.keys:,} keys): {per_key:,.0f} per key per batch "

@@ -34,9 +34,10 @@ from .options import (
 from .redact import redact_options, redact_url
 from .spark import plan
 from .spark.executor import DRIVER_ID
-from .spark.group_state import check_timeout_conf, run_group_function
+from .spark.group_state import check_timeout_conf, declare_group_states, run_group_function
 from .spark.processor import run_processor
 from .spark.runner import make_task
+from .spark.schema_check import check_against_latest, processor_declarations
 from .spark.task import (
     DEFAULT_FRAME_ROWS,
     PTIME_COL,
@@ -44,7 +45,7 @@ from .spark.task import (
     SavepointSource,
     group_by_key,
 )
-from .spark.vector import vector_process
+from .spark.vector import column_state_declaration, vector_process
 from .state.value import MAX_BLOCKS, is_block_count
 
 log = logging.getLogger("statebackend")
@@ -164,6 +165,8 @@ class RocksDBStateBackend:
         config.drop_late = mode == "EventTime"
         as_rows = flavour == "row"
         processor = statefulProcessor
+        # schemas the stored state cannot evolve to fail here, before any task runs
+        check_against_latest(self.coordinator(op_id), processor_declarations(processor, mode))
         initial_pdf_holder: dict[str, Any] = {}
         if initialState is not None:
             # first-batch initial state: collected once on the driver (it is small by nature)
@@ -205,6 +208,8 @@ class RocksDBStateBackend:
         # as Spark: with an event-time timeout, late input never reaches the function
         config.drop_late = timeout == GroupStateTimeout.EventTimeTimeout
         state_schema = _struct(df.sparkSession, stateStructType)
+        check_against_latest(self.coordinator(op_id),
+                             lambda b: declare_group_states(b, state_schema))
 
         def process(backend, groups, ctx, decode):
             return run_group_function(func, backend, groups, ctx, state_schema, timeout, decode)
@@ -243,6 +248,8 @@ class RocksDBStateBackend:
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
         process = vector_process(func, config, state_schema, value_blocks, frame_rows)
+        check_against_latest(self.coordinator(op_id),
+                             column_state_declaration(config, state_schema, value_blocks))
         return self._plan(df, config, process, schema)
 
     # --- coordination -------------------------------------------------------------------

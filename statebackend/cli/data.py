@@ -12,6 +12,7 @@ from .common import EXIT_OK, _count, _progress, common_args
 
 def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from ..spark.read_state import load_checkpoint, read_rows, rows_to_pandas
+    from ..spark.state_arrow import nested_as_json, write_parquet
 
     fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
                           else "parquet")
@@ -28,9 +29,10 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
                               view=view, progress=bar))
     frame = rows_to_pandas(rows, view, args.state)
     if fmt == "csv":
-        frame.to_csv(out if args.output == "-" else args.output, index=False)
+        nested_as_json(frame, view, args.state).to_csv(
+            out if args.output == "-" else args.output, index=False)
     else:
-        frame.to_parquet(args.output, index=False)
+        write_parquet(frame, view, args.state, args.output)
     if args.output == "-":
         return EXIT_OK  # standard output holds the data
     if args.json:
@@ -47,6 +49,7 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
     """What was put and deleted between two retained checkpoints, to Parquet or CSV."""
     from ..spark.changes import change_rows, changes_to_pandas, plan_changes
+    from ..spark.state_arrow import nested_as_json, write_parquet
 
     store = args.open_store()
     key_types = args.key_types.split(",") if args.key_types else None
@@ -58,14 +61,15 @@ def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
     fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
                           else "parquet")
     if fmt == "csv":
-        frame.to_csv(out if args.output == "-" else args.output, index=False)
+        nested_as_json(frame, plan.view, args.state).to_csv(
+            out if args.output == "-" else args.output, index=False)
         if args.output == "-":
             return EXIT_OK
     elif args.output == "-":
         raise StateBackendError("Parquet cannot go to standard output; give a file name "
                                 "or use --format csv")
     else:
-        frame.to_parquet(args.output, index=False)
+        write_parquet(frame, plan.view, args.state, args.output)
     counts = {op: int((frame["operation"] == op).sum()) for op in ("put", "delete")}
     sources = {"changelog" if u.changelogs is not None else "compare" for u in plan.units}
     if args.json:

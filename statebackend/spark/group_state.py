@@ -28,8 +28,7 @@ TIMEOUT_NAME = "groupStateTimeout"
 def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGroups,
                        ctx: BatchContext, state_schema: StructType, timeout_conf: str,
                        decode_key: Callable[[bytes], tuple]) -> list[pd.DataFrame]:
-    value = backend.value_state(STATE_NAME, state_schema)
-    timeout = backend.value_state(TIMEOUT_NAME, "ts BIGINT")
+    value, timeout = declare_group_states(backend, state_schema)
     watermark_present = ctx.watermark_ms >= 0
     wm = ctx.watermark_ms if watermark_present else GroupState.NO_TIMESTAMP
     out: list[pd.DataFrame] = []
@@ -83,6 +82,13 @@ def run_group_function(func: Callable, backend: KeyedStateBackend, groups: KeyGr
             backend.set_current_key(key)
             call(decode_key(key), [], True)
     return out
+
+
+def declare_group_states(backend: KeyedStateBackend, state_schema: StructType) -> tuple:
+    """The states an ``applyInPandasWithState`` function's keys live in: ``(value,
+    timeout)`` (the driver's schema check declares them too)."""
+    return (backend.value_state(STATE_NAME, state_schema),
+            backend.value_state(TIMEOUT_NAME, "ts BIGINT"))
 
 
 def _timeout_threshold(timeout_conf: str, ctx: BatchContext,

@@ -31,8 +31,6 @@ manifests (``distributed=False`` reads on the driver instead, as before).
 
 from __future__ import annotations
 
-import datetime as _dt
-import decimal
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,6 +49,7 @@ from ..state.list import _elements
 from ..state.timers import TIMERS_CF
 from ..state.value import decode_block
 from ..storage.base import DurableStore
+from .state_arrow import json_default, plain
 from .state_views import (  # noqa: F401  (importable from here, as before the split)
     TIMER_SCHEMA,
     CheckpointView,
@@ -264,20 +263,11 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
 # --- shapes: pandas and Spark ----------------------------------------------------------
 
 
-def _json_default(v: Any) -> Any:
-    if isinstance(v, (_dt.date, _dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, decimal.Decimal):
-        return str(v)
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).hex()
-    raise TypeError(f"cannot write {type(v).__name__} as JSON")
-
-
 def _as_json(names: Sequence[str], values: tuple[Any, ...] | None) -> str | None:
     if values is None:
         return None
-    return json.dumps(dict(zip(names, values)), default=_json_default, sort_keys=False)
+    # structs as objects with their field names, at every depth
+    return json.dumps(plain(dict(zip(names, values))), default=json_default, sort_keys=False)
 
 
 def rows_to_pandas(rows: Iterable[StateRow], view: StateView,

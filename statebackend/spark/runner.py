@@ -33,7 +33,7 @@ from .partition_state import (
     writer_epoch,
 )
 from .plan import KG_COL
-from .progress import task_metrics_frame, with_metrics_column
+from .progress import frames_with_metrics
 from .task import (
     ADDED_COLUMNS,
     BatchContext,
@@ -103,11 +103,11 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
         if out:
             yield concat_frames(out)
         return
-    if out:
-        yield with_metrics_column(concat_frames(out))
     # what this task measured, as one more row for the query's observed metrics
-    yield task_metrics_frame(config.progress_columns,
-                             partition_progress(partition_stats(published, None)))
+    yield from frames_with_metrics(concat_frames(out) if out else None,
+                                   config.progress_columns,
+                                   partition_progress(partition_stats(published, None,
+                                                                      requests=False)))
 
 
 def process_batch(config: OperatorConfig, state: PartitionState, restored: Restored,

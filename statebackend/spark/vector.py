@@ -204,6 +204,15 @@ def vector_process(func, config, state_schema, value_blocks: int | None = None,
     return process
 
 
+def column_state_declaration(config, state_schema, value_blocks: int | None = None):
+    """``backend -> None``: declares the state a ``map_in_pandas`` task declares (the
+    driver's schema check runs it)."""
+    def declare(backend: KeyedStateBackend) -> None:
+        KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
+                         config.max_parallelism, None, value_blocks)
+    return declare
+
+
 def run_vector_function(func, backend: KeyedStateBackend, frames: Iterator[pd.DataFrame],
                         state: KeyedColumnState) -> list[pd.DataFrame]:
     out = []

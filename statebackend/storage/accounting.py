@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import fsspec
@@ -100,12 +100,17 @@ class RequestCounts:
                                for f in fields(self)))
 
     def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+        # not dataclasses.asdict, which deep-copies every field: a task's metrics row
+        # reads two of these per batch (BENCHMARKS.md, "Metrics in Spark's progress")
+        return {n: getattr(self, n) for n in _COUNT_NAMES}
 
     @classmethod
     def from_dict(cls, d: Any) -> RequestCounts:
         d = d or {}
-        return cls(**{f.name: int(d.get(f.name, 0)) for f in fields(cls)})
+        return cls(*(int(d.get(n, 0)) for n in _COUNT_NAMES))
+
+
+_COUNT_NAMES = tuple(f.name for f in fields(RequestCounts))
 
 
 class RequestCounter:

@@ -141,6 +141,10 @@ def test_value_blocks_survive_restart_rescale_savepoint_and_read_state(spark, tm
     rows = be.read_state(spark, "vec-blocks", state_name="columnState").toPandas()
     got = {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()}
     assert got == totals
+    # the distributed reader (above) gives exactly the driver reader's rows, in order
+    for name in ("columnState", None):
+        assert be.read_state(spark, "vec-blocks", state_name=name).collect() == \
+            be.read_state(spark, "vec-blocks", state_name=name, distributed=False).collect()
     # a savepoint of block state starts a new query (parallelism 1) that goes on counting
     be.savepoint("vec-blocks", "sp")
     in2 = str(tmp_path / "in2")

@@ -80,7 +80,16 @@ def test_transform_with_state_every_kind_keeps_its_values(spark, tmp_path):
     assert m == ref_m
 
 
-def test_incompatible_change_fails_before_any_write(spark, tmp_path):
+def test_incompatible_change_fails_in_the_task_when_planned_before_the_state(spark, tmp_path):
+    """The backstop: a query planned while no checkpoint existed (the driver had nothing
+    to check) meets state written since; its first task refuses the change before any
+    write."""
+    os.makedirs(tmp_path / "in")
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    be3 = make_backend(tmp_path)
+    planned = be3.transform_with_state(df.groupBy("k"), E.CountNarrowed(), OUT, "Update",
+                                       "ProcessingTime", operator_id="tws")
     be, data, out = two_runs(
         spark, tmp_path,
         lambda be: lambda df: be.transform_with_state(df.groupBy("k"), E.CountV1(), OUT,
@@ -92,18 +101,14 @@ def test_incompatible_change_fails_before_any_write(spark, tmp_path):
     be.complete("tws")
     latest = be.coordinator("tws").latest().checkpoint_id
     write_batches(str(tmp_path / "in"), random_batches(1, seed=9), start=4)
-    be3 = make_backend(tmp_path)
     with pytest.raises(Exception, match="narrowing BIGINT to SMALLINT") as info:
-        run_stream(spark, str(tmp_path / "in"), SCHEMA,
-                   lambda df: be3.transform_with_state(df.groupBy("k"), E.CountNarrowed(),
-                                                       OUT, "Update", "ProcessingTime",
-                                                       operator_id="tws"),
+        run_stream(spark, str(tmp_path / "in"), SCHEMA, lambda _df: planned,
                    str(tmp_path / "ck"))
     assert "SchemaEvolutionError" in str(info.value) and "'acc'" in str(info.value)
     assert "field 'n'" in str(info.value)
     # Nothing of the failed batch reached durable storage, and the state still reads.
     assert not os.path.exists(tmp_path / "state" / "tws" / f"chk-{latest + 1}")
-    assert be3.coordinator("tws").latest().checkpoint_id == latest
+    assert make_backend(tmp_path).coordinator("tws").latest().checkpoint_id == latest
     assert len(be3.read_state(spark, "tws", state_name="acc").collect()) == 9
 
 
