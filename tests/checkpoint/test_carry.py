@@ -53,3 +53,55 @@ def test_carried_manifest_restores_its_origin(tmp_path: Path, mode: str) -> None
         assert dump(inst) == state
     finally:
         inst.close()
+
+
+@pytest.mark.parametrize("mode", ["incremental", "changelog"])
+def test_driver_and_task_publish_carried_checkpoints(tmp_path: Path, mode: str) -> None:
+    """Partition 1 of 2 never has rows: the driver, completing micro-batches Spark
+    committed, writes its empty never-ran checkpoint, then carries it over; a task of a
+    later micro-batch carries it over too when the driver has not completed yet."""
+    import functools
+
+    from statebackend.coordinator import CheckpointCoordinator
+    from statebackend.coordinator.pending import complete_pending
+    from statebackend.options import StateBackendOptions
+    from statebackend.restore.carry import carry_in_task, carry_on_driver
+    from statebackend.storage.manifests import read_recorded_manifests
+
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    manifests, _ = run_batches(store, tmp_path, 2, checkpoint_mode=mode)  # p0: batches 1, 2
+    coord = CheckpointCoordinator(store, OP, parallelism=2, max_parallelism=128, fencing=False)
+    opts = StateBackendOptions(checkpoint_mode=mode)
+    coord.carry = functools.partial(carry_on_driver, options=opts,
+                                    local_root=str(tmp_path / "driver"))
+    (tmp_path / "driver").mkdir()
+    done = complete_pending(coord, up_to=2)
+    assert [r.checkpoint_id for r in done] == [1, 2]
+    ostore = operator_store(store, OP)
+    first = read_recorded_manifests(ostore, done[0], [1])[1]
+    second = read_recorded_manifests(ostore, done[1], [1])[1]
+    assert first.never_ran and first.carried_from is None
+    assert (first.key_group_start, first.key_group_end) == (64, 127)
+    assert second.never_ran and second.carried_from == CarriedFrom(1, first.attempt)
+    # without the hook nothing completes a checkpoint a partition did not publish
+    coord.carry = None
+
+    # batch 3 ran on p0 only; batch 4's task of p1 carries p1 over before the driver does
+    cp = make(store, tmp_path, checkpoint_mode=mode)
+    inst, _ = cp.restore(manifests[-1])
+    m3, _ = cp.checkpoint(inst, 3, "a0", (0, 63), ())
+    inst.close()
+    carried = carry_in_task(ostore, 1, 3, 2, (64, 127))
+    assert carried is not None and carried.checkpoint_id == 3 and carried.never_ran
+    assert carried.carried_from == CarriedFrom(1, first.attempt)
+    assert [r.checkpoint_id for r in complete_pending(coord, up_to=3)] == [3]
+    # nothing at all published for a batch: nothing to carry (the batch is passed over)
+    assert carry_in_task(ostore, 1, 7, 2, (64, 127)) is None
+    # the empty state restores as the first batch's
+    inst, _ = make(store, tmp_path / "other", partition=1,
+                   checkpoint_mode=mode).restore(carried_origin(carried))
+    try:
+        assert dump(inst).get("default", {}) == {}
+    finally:
+        inst.close()
+    assert m3.checkpoint_id == 3

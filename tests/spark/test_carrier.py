@@ -63,3 +63,28 @@ def test_idle_partitions_rescale_read_state_and_savepoint(spark, tmp_path):
     assert len(counts) == len(set(pd.concat(data)["k"]))
     sp = be2.savepoint("counts", "after")
     assert sp is not None
+
+
+def test_progress_metrics_under_the_carrier(spark, tmp_path):
+    """Each of our partitions that ran adds its metrics row, as in the shuffle plan; a
+    partition without rows ran no task and adds none."""
+    from test_progress_metrics import Collect
+
+    data = few_keys(4)
+    inp, ck = str(tmp_path / "in"), str(tmp_path / "ck")
+    write_batches(inp, data)
+    be = backend(tmp_path, 5)
+    listener = Collect(be.observation_name("counts"))
+    spark.streams.addListener(listener)
+    try:
+        out = run_stream(spark, inp, SCHEMA, count(be), ck)
+        seen = listener.wait_for(len(data))
+    finally:
+        spark.streams.removeListener(listener)
+    check_batches(out, running_counts(data)[0])
+    assert sorted(seen) == list(range(len(data)))
+    for b, m in seen.items():
+        assert m["input_rows"] == len(data[b]), (b, m)
+        assert m["rows"] == len(out[b]) == m["keys"], (b, m)
+        # the partitions with rows: one or two keys, never all five of ours
+        assert 1 <= m["partitions"] <= data[b]["k"].nunique(), (b, m)
