@@ -523,12 +523,13 @@ class RocksDBStateBackend:
         from .checkpoint.publish import ManifestFacts
         from .restore.carry import carry_on_driver
 
-        opts = config.options
+        opts, sp = config.options, config.from_savepoint
         self.coordinator(config.operator_id).carry = functools.partial(
             carry_on_driver, options=opts,
             local_root=opts.resolved_local_dir(executor_id=DRIVER_ID),
             facts=ManifestFacts(key_columns=tuple(config.key.columns),
-                                key_types=tuple(config.key.types)))
+                                key_types=tuple(config.key.types)),
+            savepoint=None if sp is None else (sp.url, dict(sp.storage_options)))
 
     def observation_name(self, operator_id: str) -> str:
         """The name of the operator's observed metrics in its query's progress: read the

@@ -18,6 +18,7 @@ uploaded), so either may win; readers choose among published attempts as ever.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -38,6 +39,8 @@ from ..model.manifest import (
 )
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
+from ..savepoint.reader import SavepointReader
+from ..storage import open_store
 from ..storage.base import DurableStore
 from ..storage.manifests import (
     list_published_manifests,
@@ -48,7 +51,7 @@ from ..storage.manifests import (
     read_recorded_manifests,
 )
 from ..storage.records import completed_ids
-from .rescale import restore_rescaled
+from .rescale import restore_from_savepoint, restore_rescaled
 
 __all__ = ["carry_in_task", "carry_on_driver", "latest_own_manifest"]
 
@@ -142,7 +145,8 @@ def carry_in_task(ostore: DurableStore, partition: int, checkpoint_id: int, para
 
 
 def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_root: str,
-                    facts: ManifestFacts | None = None) -> list[int]:
+                    facts: ManifestFacts | None = None,
+                    savepoint: tuple[str, dict] | None = None) -> list[int]:
     """Publish carried checkpoints for the partitions that published nothing for
     ``checkpoint_id``, a micro-batch Spark has committed (so they ran no task in it);
     returns those partitions. ``coordinator``: the operator's
@@ -151,7 +155,8 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
 
     Same layout: a copy of the partition's manifest in the latest completed checkpoint
     (no IO but the small manifest). A partition that has never run: the checkpoint of an
-    empty instance (``never_ran``). A rescale whose first micro-batch left a new
+    empty instance (``never_ran``), or its share of ``savepoint`` (``(url, storage
+    options)``) when the query starts from one. A rescale whose first micro-batch left a new
     partition without rows: its state assembled from the old partitions here, on the
     driver, as its task would have (one download of its share of the state).
     """
@@ -178,7 +183,8 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
         _publish_restored(coordinator, p, checkpoint_id, (r.start, r.end), latest, options,
                           local_root, ManifestFacts(
                               key_columns=base.key_columns, key_types=base.key_types,
-                              watermark_ms=wm, never_ran=latest is None), epoch)
+                              watermark_ms=wm, never_ran=latest is None), epoch,
+                          savepoint)
     log.info("operator %s batch %d: carried over partitions %s (no rows)",
              coordinator.operator_id, checkpoint_id, missing)
     return missing
@@ -186,24 +192,25 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
 
 def _publish_restored(coordinator: Any, partition: int, checkpoint_id: int,
                       kg: tuple[int, int], record: CompletedCheckpoint | None, options: Any,
-                      local_root: str, facts: ManifestFacts, epoch: int | None) -> None:
-    """Checkpoint ``checkpoint_id`` of one partition, written on the driver: empty state
-    (``record`` None) or the partition's share of ``record`` (another layout)."""
+                      local_root: str, facts: ManifestFacts, epoch: int | None,
+                      savepoint: tuple[str, dict] | None = None) -> None:
+    """Checkpoint ``checkpoint_id`` of one partition, written on the driver: its share of
+    ``record`` (another layout), else of ``savepoint`` (``(url, storage options)``, the
+    state a new query starts from), else empty state (``facts.never_ran``)."""
     db_options = to_rocksdict_options(options)
 
     def open_instance(path: str) -> RocksDBInstance:
         return RocksDBInstance(path, db_options=db_options)
 
+    os.makedirs(local_root, exist_ok=True)
     root = tempfile.mkdtemp(prefix="carry-", dir=local_root)
     try:
         cp = PartitionCheckpointer(coordinator.store, coordinator.operator_id, partition,
                                    options, root, open_instance=open_instance,
                                    writer_epoch=epoch)
+        base: PartitionManifest | None = None
         states: tuple = ()
-        base = None
-        if record is None:
-            inst, _ = cp.restore(None, [])
-        else:
+        if record is not None:
             inst, _, sources = restore_rescaled(cp, record, coordinator.parallelism,
                                                 coordinator.max_parallelism, root,
                                                 open_instance)
@@ -213,10 +220,21 @@ def _publish_restored(coordinator: Any, partition: int, checkpoint_id: int,
             states = base.states if base is not None else ()
             ets = [m.max_event_time_ms for m in sources if m.max_event_time_ms is not None]
             facts = replace(facts, max_event_time_ms=max(ets) if ets else None)
+        elif savepoint is not None:
+            reader = SavepointReader(open_store(savepoint[0],
+                                                storage_options=savepoint[1] or None))
+            inst, _ = restore_from_savepoint(cp, reader, coordinator.parallelism,
+                                             coordinator.max_parallelism)
+            states = tuple(reader.manifest.states)
+            et = reader.manifest.metrics.get("max_event_time_ms")
+            facts = replace(facts, never_ran=False,
+                            max_event_time_ms=None if et is None else int(et))
+        else:
+            inst, _ = cp.restore(None, [])
         try:
             cp.checkpoint(inst, checkpoint_id, carried_attempt(), kg, states,
-                          base_manifest=base, extra_metrics={"rows": 0, "keys": 0,
-                                                 "restore": {"source": CARRIED_SOURCE}},
+                          base_manifest=base, extra_metrics={
+                              "rows": 0, "keys": 0, "restore": {"source": CARRIED_SOURCE}},
                           facts=facts)
         finally:
             inst.close()

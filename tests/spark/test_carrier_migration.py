@@ -65,3 +65,31 @@ def test_move_to_the_carrier_with_a_savepoint(spark, tmp_path):
     ref = running_counts(DATA)[0]
     check_batches(first, {b: ref[b] for b in range(3)})
     check_batches(second, {b - 3: ref[b] for b in range(3, 5)})
+
+
+def test_savepoint_state_of_a_partition_without_rows(spark, tmp_path):
+    """The carrier query's first micro-batch has rows of one key, so one partition runs no
+    task: the driver writes that partition's first checkpoint from the savepoint (not
+    empty state), and its keys keep counting from the old query's counts afterwards."""
+    import pandas as pd
+
+    inp = str(tmp_path / "in")
+    write_batches(inp, DATA[:3])
+    old = _backend(str(tmp_path / "state"), str(tmp_path / "local"), "shuffle")
+    run_stream(spark, inp, SCHEMA, _count(old), str(tmp_path / "ck"))
+    old.complete("counts")
+    assert old.savepoint("counts", "move") is not None
+    one_key = DATA[3][DATA[3]["k"] == DATA[3]["k"].iloc[0]].reset_index(drop=True)
+    later = [one_key, DATA[4]]
+    inp2, ck2 = str(tmp_path / "in2"), str(tmp_path / "ck2")
+    write_batches(inp2, later[:1])
+    new = _backend(str(tmp_path / "state2"), str(tmp_path / "local2"), "carrier",
+                   from_savepoint=f"{tmp_path / 'state'}/counts/_savepoints/move")
+    second = run_stream(spark, inp2, SCHEMA, _count(new), ck2)
+    new.complete("counts", up_to=0)
+    state = new.read_state(spark, "counts").toPandas()
+    assert len(state[state["state_name"] == "count"]) == pd.concat(DATA[:3])["k"].nunique()
+    write_batches(inp2, later[1:], start=1)
+    second.update(run_stream(spark, inp2, SCHEMA, _count(new), ck2))
+    ref = running_counts([*DATA[:3], *later])[0]
+    check_batches(second, {b - 3: ref[b] for b in range(3, 5)})
