@@ -44,7 +44,9 @@ from . import compare
 from .workloads import OUT, make_input, vector_count
 
 OP = "counts"
-SOURCES = ("working_dir", "local_copy", "durable", "empty")
+# resident: the instance the partition's worker kept open (keep_instances_open)
+SOURCES = ("resident", "working_dir", "local_copy", "durable", "empty", "carried")
+HITS = ("resident", "working_dir", "local_copy")
 
 
 def _free_port() -> int:
@@ -124,7 +126,7 @@ def run_query(spark, backend, in_dir: str, ck: str, kill_after: int | None = Non
     df = spark.readStream.schema("k STRING, x BIGINT, ts TIMESTAMP") \
         .option("maxFilesPerTrigger", 1).parquet(in_dir)
     out = backend.map_in_pandas(df, key="k", func=vector_count, schema=OUT,
-                                state_schema="c BIGINT", operator_id=OP)
+                                state_schema="c BIGINT", operator_id=OP, output_mode="Append")
     info: dict = {"killed": None}
 
     def sink(batch_df, batch_id):
@@ -167,8 +169,9 @@ def pct(values: list[float], q: float) -> float:
 
 def summarize(name: str, rows: list[dict]) -> dict:
     counts = Counter(r["source"] for r in rows)
-    hits = counts["working_dir"] + counts["local_copy"]
-    total = sum(counts.values())
+    hits = sum(counts[s] for s in HITS)
+    total = sum(counts.values()) - counts["carried"]  # carried: no task ran, no restore
+    batches = len({r["batch"] for r in rows})
     durable = [r for r in rows if r["source"] == "durable" and r["seconds"] > 0]
     by_source = defaultdict(list)
     for r in rows:
@@ -178,6 +181,7 @@ def summarize(name: str, rows: list[dict]) -> dict:
             "restore_s": {s: {"median": statistics.median(v), "p90": pct(v, 0.9),
                               "max": max(v)} for s, v in by_source.items()},
             "durable_mb": sum(r["bytes"] for r in durable) / 1e6,
+            "durable_mb_per_batch": sum(r["bytes"] for r in durable) / 1e6 / max(1, batches),
             "durable_files_median": statistics.median([r["files"] for r in durable])
             if durable else 0,
             "durable_mb_s_median": statistics.median(
@@ -227,13 +231,15 @@ def download_rates(endpoint: str, bucket: str, files: int, file_mb: float,
 
 def print_tables(phases: list[dict], rates: list[dict]) -> None:
     print("\nLocal-recovery hit rate (restores per partition and micro-batch)")
-    print(f"{'phase':<15}{'restores':>9}{'working_dir':>12}{'local_copy':>11}{'durable':>9}"
-          f"{'hit rate':>9}  {'durable restore s (median/p90/max)':<36}{'MB/s':>6}")
+    print(f"{'phase':<15}{'restores':>9}{'resident':>9}{'working_dir':>12}{'local_copy':>11}"
+          f"{'durable':>9}{'hit rate':>9}{'MB/batch':>9}  "
+          f"{'durable restore s (median/p90/max)':<36}{'MB/s':>6}")
     for p in phases:
         d = p["restore_s"].get("durable")
         dtxt = f"{d['median']:.2f}/{d['p90']:.2f}/{d['max']:.2f}" if d else "-"
-        print(f"{p['phase']:<15}{p['restores']:>9}{p['working_dir']:>12}{p['local_copy']:>11}"
-              f"{p['durable']:>9}{p['hit_rate']:>9.0%}  {dtxt:<36}"
+        print(f"{p['phase']:<15}{p['restores']:>9}{p['resident']:>9}{p['working_dir']:>12}"
+              f"{p['local_copy']:>11}{p['durable']:>9}{p['hit_rate']:>9.0%}"
+              f"{p['durable_mb_per_batch']:>9.2f}  {dtxt:<36}"
               f"{p['durable_mb_s_median']:>6.1f}")
     print("\nget_files against moto (S3 API, one process, loopback)")
     print(f"{'download_threads':>17}{'MB':>8}{'MB/s median':>13}{'MB/s worst':>12}")
@@ -258,6 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shared-local-dir", action="store_true",
                     help="one local_dir for both executors (no {executor_id}): executors of "
                          "one machine share local state")
+    ap.add_argument("--placement", choices=("shuffle", "carrier"), default="shuffle",
+                    help="the plan of the streaming operator (StateBackendOptions.placement)")
+    ap.add_argument("--executors", type=int, default=2, help="local-cluster executors")
     ap.add_argument("--json", help="also write the figures to this file")
     return ap.parse_args(argv)
 
@@ -282,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         steady, after = args.batches, args.after
         make_input(in_dir, args.keys, per * (steady + after), steady + after)
         spark = compare.start_session("statebackend-cluster-recovery", args.partitions,
-                                      master="local-cluster[2,1,1024]", conf=conf)
+                                      master=f"local-cluster[{args.executors},1,1024]",
+                                      conf=conf)
 
         def backend():
             return RocksDBStateBackend(f"s3://{bucket}/state", StateBackendOptions(
-                parallelism=args.partitions,
+                parallelism=args.partitions, placement=args.placement,
                 num_retained=steady + 2 * after + 1,  # every batch's restore metrics stay
                 local_dir=os.path.join(work, "local", "" if args.shared_local_dir
                                        else "{executor_id}")),
@@ -314,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             load = fh.read().split()[:3]
         print(f"\nexecutor 1 killed: {'pid ' + str(info['killed']) if info['killed'] else 'NO'}"
               f"; first run {run1_s:.0f} s for {steady + after} batches; load {' '.join(load)};"
-              f" confs {args.conf or 'default'};"
+              f" confs {args.conf or 'default'}; placement {args.placement};"
+              f" {args.executors} executors;"
               f" local_dir {'shared' if args.shared_local_dir else 'per executor'}")
         if args.json:
             with open(args.json, "w") as fh:

@@ -181,7 +181,8 @@ def build_query(system: System, workload: str, backend: Any) -> Callable:
     if name in ("ours-map", "ours-map-blocks"):
         blocks = W.VALUE_BLOCKS if name == "ours-map-blocks" else None
         return lambda df: backend.map_in_pandas(df, "k", W.vector_count, W.OUT, "c BIGINT",
-                                                operator_id=op, value_blocks=blocks)
+                                                operator_id=op, value_blocks=blocks,
+                                                output_mode="Update")
     raise ValueError(f"unknown system {name!r}")
 
 

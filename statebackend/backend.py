@@ -12,11 +12,9 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import DataFrame, GroupedData, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import StructType
@@ -36,11 +34,9 @@ from .spark import plan
 from .spark.executor import DRIVER_ID
 from .spark.group_state import check_timeout_conf, declare_group_states, run_group_function
 from .spark.processor import run_processor
-from .spark.runner import make_task
 from .spark.schema_check import check_against_latest, processor_declarations
 from .spark.task import (
     DEFAULT_FRAME_ROWS,
-    PTIME_COL,
     OperatorConfig,
     SavepointSource,
     group_by_key,
@@ -163,6 +159,7 @@ class RocksDBStateBackend:
         # as Spark: in event-time mode input at or before the watermark for late events
         # never reaches the processor
         config.drop_late = mode == "EventTime"
+        config.timers = mode  # the carrier plan keeps partitions with timers running
         as_rows = flavour == "row"
         processor = statefulProcessor
         # schemas the stored state cannot evolve to fail here, before any task runs
@@ -190,7 +187,7 @@ class RocksDBStateBackend:
                 rows = row_process(backend, groups, ctx, decode)
                 return [pd.DataFrame([tuple(r) for r in rows], columns=names)] if rows else []
 
-        return self._plan(df, config, process, outputStructType)
+        return self._plan(df, config, process, outputStructType, outputMode)
 
     def apply_in_pandas_with_state(self, grouped_data: GroupedData, func: Callable,
                                    outputStructType: StructType | str,
@@ -207,6 +204,9 @@ class RocksDBStateBackend:
         config.ticks = ticks
         # as Spark: with an event-time timeout, late input never reaches the function
         config.drop_late = timeout == GroupStateTimeout.EventTimeTimeout
+        config.timers = {GroupStateTimeout.EventTimeTimeout: "EventTime",
+                         GroupStateTimeout.ProcessingTimeTimeout: "ProcessingTime",
+                         }.get(timeout, "None")
         state_schema = _struct(df.sparkSession, stateStructType)
         check_against_latest(self.coordinator(op_id),
                              lambda b: declare_group_states(b, state_schema))
@@ -214,13 +214,14 @@ class RocksDBStateBackend:
         def process(backend, groups, ctx, decode):
             return run_group_function(func, backend, groups, ctx, state_schema, timeout, decode)
 
-        return self._plan(df, config, process, outputStructType)
+        return self._plan(df, config, process, outputStructType, outputMode)
 
     def map_in_pandas(self, df: DataFrame, key: str | list[str], func: Callable,
                       schema: StructType | str, state_schema: StructType | str = "value BIGINT",
                       *, operator_id: str | None = None,
                       value_blocks: int | None = None,
-                      frame_rows: int | None = DEFAULT_FRAME_ROWS) -> DataFrame:
+                      frame_rows: int | None = DEFAULT_FRAME_ROWS,
+                      output_mode: str = "Append") -> DataFrame:
         """Run ``func(frames, state)`` over each partition's input with vectorised keyed
         state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``.
 
@@ -235,6 +236,9 @@ class RocksDBStateBackend:
         for it, so memory stays bounded. ``None``: always the whole input as one frame.
         Smaller frames cost CPU (more, smaller state calls and groupbys: twice the
         function's time at 50,000 rows against one 100,000-row frame, BENCHMARKS.md).
+
+        ``output_mode``: the streaming query's output mode, which the carrier plan
+        (``placement="carrier"``) declares to Spark; the shuffle plan ignores it.
         """
         if value_blocks is not None and not is_block_count(value_blocks):
             raise OptionsError("value_blocks", value_blocks,
@@ -247,10 +251,11 @@ class RocksDBStateBackend:
         keys = [key] if isinstance(key, str) else list(key)
         op_id = operator_id or _default_operator_id(func)
         config = self._config(df, keys, op_id)
+        _check_output_mode(output_mode)
         process = vector_process(func, config, state_schema, value_blocks, frame_rows)
         check_against_latest(self.coordinator(op_id),
                              column_state_declaration(config, state_schema, value_blocks))
-        return self._plan(df, config, process, schema)
+        return self._plan(df, config, process, schema, output_mode)
 
     # --- coordination -------------------------------------------------------------------
 
@@ -506,43 +511,32 @@ class RocksDBStateBackend:
             sp = f"{self.checkpoint_location.rstrip('/')}/{operator_id}/{savepoint_dir(sp)}"
         return SavepointSource(sp, self.storage_options)
 
-    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema) -> DataFrame:
-        if config.ticks and df.isStreaming:
-            df = plan.with_ticks(df)
-        placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)
-        # current_timestamp() is the micro-batch timestamp in streaming (fixed per batch and
-        # logged by Spark, so retries see the same processing time)
-        placed = placed.withColumn(PTIME_COL, F.unix_millis(F.current_timestamp()))
-        if not df.isStreaming or not config.options.progress_metrics:
-            out = placed.mapInPandas(make_task(config, process), schema)
-            if not df.isStreaming:
-                return out
-            from .spark.listener import observation_name
+    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema,
+              output_mode: str | None = None) -> DataFrame:
+        from .spark.carrier import uses_carrier
+        from .spark.operator_plan import operator_plan
 
-            # progress events carry it: the listener knows which query committed which
-            # micro-batch of this operator
-            return out.observe(observation_name(self.checkpoint_location, config.operator_id),
-                               F.count(F.lit(1)).alias("rows"))
-        from pyspark.sql.types import StringType, StructField
+        if uses_carrier(df, config, output_mode):
+            self._carry_on_driver(config)
+        return operator_plan(df, config, process, _struct(df.sparkSession, schema),
+                             output_mode, self.checkpoint_location)
 
-        from .spark.listener import observation_name
-        from .spark.progress import (
-            METRICS_COL,
-            metrics_row_values,
-            observed_columns,
-        )
+    def _carry_on_driver(self, config: OperatorConfig) -> None:
+        """Completing a micro-batch Spark committed publishes the checkpoints of the
+        carrier's partitions that had no rows in it
+        (:func:`statebackend.restore.carry.carry_on_driver`)."""
+        import functools
 
-        # Each task adds one row holding its metrics in a hidden column (spark.progress);
-        # the observation sums and maxes them, then only the user's rows and columns go on.
-        struct = _struct(df.sparkSession, schema)
-        config = replace(config, progress_columns=metrics_row_values(struct))
-        carrier = StructType([*struct.fields, StructField(METRICS_COL, StringType(), True)])
-        out = placed.mapInPandas(make_task(config, process), carrier)
-        # progress events carry it: the listener knows which query committed which
-        # micro-batch of this operator, and users read the metrics under this name
-        out = out.observe(observation_name(self.checkpoint_location, config.operator_id),
-                          *observed_columns())
-        return out.filter(F.col(METRICS_COL).isNull()).drop(METRICS_COL)
+        from .checkpoint.publish import ManifestFacts
+        from .restore.carry import carry_on_driver
+
+        opts, sp = config.options, config.from_savepoint
+        self.coordinator(config.operator_id).carry = functools.partial(
+            carry_on_driver, options=opts,
+            local_root=opts.resolved_local_dir(executor_id=DRIVER_ID),
+            facts=ManifestFacts(key_columns=tuple(config.key.columns),
+                                key_types=tuple(config.key.types)),
+            savepoint=None if sp is None else (sp.url, dict(sp.storage_options)))
 
     def observation_name(self, operator_id: str) -> str:
         """The name of the operator's observed metrics in its query's progress: read the

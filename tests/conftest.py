@@ -32,6 +32,14 @@ if _MODE:
 
     inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["checkpoint_mode"] = _MODE
 
+# STATEBACKEND_TEST_PLACEMENT=carrier runs the streaming tests with the carrier plan
+# (statebackend.spark.carrier) wherever options do not name a placement, the same way.
+_PLACEMENT = os.environ.get("STATEBACKEND_TEST_PLACEMENT")
+if _PLACEMENT:
+    from statebackend.options import StateBackendOptions
+
+    inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["placement"] = _PLACEMENT
+
 SPARK_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark")
 
 # Workers unpickle the test processors by module name: their directory must be on the

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..local.disk import WORK_DIR, LocalRecovery
+from ..model.carry import origin_path
 from ..model.manifest import PartitionManifest, StateDescriptor, check_component
 from ..options import StateBackendOptions
 from ..rocksdb.instance import RocksDBInstance
@@ -269,7 +270,10 @@ class PartitionCheckpointer:
             return base
         if base is None:
             return self.restored_from
-        if self.restored_from is None or base.path != self.restored_from.path:
+        # a carried-over manifest and the checkpoint it carries hold the same files
+        # (statebackend.model.carry)
+        if self.restored_from is None or (origin_path(base)
+                                          != origin_path(self.restored_from)):
             restored = None if self.restored_from is None else self.restored_from.path
             raise CheckpointError(f"base manifest {base.path} is not the one this state was "
                                   f"restored from ({restored}); only files of the restored "

@@ -35,12 +35,16 @@ class ManifestFacts:
         The partition's running max event time.
     watermark_ms : int or None
         The watermark the batch ran with (None: the operator has none).
+    never_ran : bool
+        The empty state of a partition that has not run yet, written for it by the
+        carrier plan's driver (:mod:`statebackend.restore.carry`).
     """
 
     key_columns: tuple[str, ...] = ()
     key_types: tuple[str, ...] = ()
     max_event_time_ms: int | None = None
     watermark_ms: int | None = None
+    never_ran: bool = False
 
 
 def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
@@ -96,7 +100,7 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
     if facts is not None:
         manifest = replace(manifest, key_columns=facts.key_columns, key_types=facts.key_types,
                            max_event_time_ms=facts.max_event_time_ms,
-                           watermark_ms=facts.watermark_ms)
+                           watermark_ms=facts.watermark_ms, never_ran=facts.never_ran)
     manifest = manifest.with_metrics(**extra, **metrics.to_dict(), **mode_metrics)
     check_publisher(store, manifest)
     publish_manifest(store, manifest)

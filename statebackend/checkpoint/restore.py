@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
+from ..model.carry import carried_origin
 from ..model.manifest import (
     FileEntry,
     PartitionManifest,
@@ -148,7 +149,10 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     recording, instance.changelog = instance.changelog, None
     total = 0
     # the chain is checked file by file as it is replayed (never all held at once)
-    start = -1 if manifest.materialized_id is None else manifest.materialized_id
+    # a carried-over manifest holds the state (and the changelogs) of the checkpoint it
+    # carries (statebackend.model.carry): its chain ends there
+    origin = carried_origin(manifest) or manifest
+    start = -1 if origin.materialized_id is None else origin.materialized_id
     where = f"manifest {manifest.path}"
     try:
         for f in manifest.changelog_files:
@@ -158,7 +162,7 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
             start = changelog_id(f.name)
             replay(instance, data, where=f.path)
             total += len(data) if downloaded else 0
-        check_chain([], start, manifest.checkpoint_id, where)
+        check_chain([], start, origin.checkpoint_id, where)
     except CorruptStateError as exc:
         if exc.checkpoint_id is None:
             exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition

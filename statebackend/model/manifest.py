@@ -187,6 +187,23 @@ def _ref(d: Any) -> MaterializationRef | None:
     return None if d is None else MaterializationRef(int(d["checkpoint_id"]), str(d["attempt"]))
 
 
+@dataclass(frozen=True)
+class CarriedFrom:
+    """The published attempt whose state a carried-over manifest holds
+    (:mod:`statebackend.model.carry`): ``attempt`` of checkpoint ``checkpoint_id`` of the
+    same partition."""
+
+    checkpoint_id: int
+    attempt: str
+
+    def __post_init__(self) -> None:
+        check_component(self.attempt)
+
+
+def _carried(d: Any) -> CarriedFrom | None:
+    return None if d is None else CarriedFrom(int(d["checkpoint_id"]), str(d["attempt"]))
+
+
 _CHANGELOG_NAME = re.compile(r"^changelog-(\d{12})\.sbcl$")
 
 
@@ -247,6 +264,12 @@ class PartitionManifest:
     key_types: tuple[str, ...] = ()
     max_event_time_ms: int | None = None
     watermark_ms: int | None = None
+    # The carrier plan (statebackend.model.carry): this checkpoint of a partition that ran
+    # no task in its micro-batch holds exactly the state of ``carried_from``, with the same
+    # files; ``never_ran``: the empty state of a partition that has not run yet (its first
+    # task still starts as a first batch, initial state applies)
+    carried_from: CarriedFrom | None = None
+    never_ran: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -320,6 +343,7 @@ class PartitionManifest:
             d["states"] = tuple(StateDescriptor(**s) for s in d.get("states", ()))
             d["materialization"] = _ref(d.get("materialization"))
             d["pending_materialization"] = _ref(d.get("pending_materialization"))
+            d["carried_from"] = _carried(d.get("carried_from"))
             d["key_columns"] = tuple(d.get("key_columns", ()))
             d["key_types"] = tuple(d.get("key_types", ()))
             return cls(**d)

@@ -48,6 +48,7 @@ from .values import (
     CHECKPOINT_MODES,
     COMPACTION_STYLES,
     COMPRESSION_CODECS,
+    PLACEMENTS,
     PREDEFINED_PROFILES,
     RESTART_STRATEGIES,
     SECTIONS,
@@ -68,6 +69,7 @@ from .values import (
 __all__ = [
     "COMPACTION_STYLES",
     "COMPRESSION_CODECS",
+    "PLACEMENTS",
     "PREDEFINED_PROFILES",
     "RESTART_STRATEGIES",
     "SNAPSHOT_COMPRESSIONS",
@@ -175,6 +177,13 @@ class StateBackendOptions:
         "rocksdb", "runtime", "choice", choices=TIMER_SERVICES, doc=(
             "Where timers live: a RocksDB column family (`rocksdb`, unbounded), or Python "
             "memory (`heap`: faster, bounded by memory, written into each checkpoint)."))
+    placement: str = _opt(
+        "shuffle", "runtime", "choice", choices=PLACEMENTS, doc=(
+            "How streaming operators place partitions on executors: `shuffle` (repartition "
+            "+ mapInPandas; Spark's scheduler picks any executor) or `carrier` (each "
+            "partition's work runs inside a Spark stateful operator, so Spark's state-store "
+            "scheduling keeps it on the executor that holds its state; docs/scaling.md, "
+            "\"Placement\"). Batch DataFrames and `Complete` output always use `shuffle`."))
     progress_metrics: bool = _opt(
         True, "runtime", "bool", doc=(
             "Report each micro-batch's backend metrics in the streaming query's progress "

@@ -36,6 +36,7 @@ PREDEFINED_PROFILES = (
 )
 SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
+PLACEMENTS = ("shuffle", "carrier")
 CHECKPOINT_MODES = ("incremental", "changelog")
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")

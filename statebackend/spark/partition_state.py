@@ -33,6 +33,7 @@ from ..checkpoint.publish import ManifestFacts
 from ..errors import IncompatibleStateError
 from ..local.disk import WORK_DIR
 from ..local.resident import ResidentInstances, resident_instances
+from ..model.carry import carried_origin, never_ran
 from ..model.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
@@ -40,6 +41,7 @@ from ..model.manifest import (
     checkpoint_dir,
     choose_manifest,
 )
+from ..restore.carry import carry_in_task
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..storage import open_store
@@ -209,6 +211,11 @@ class PartitionState:
             if record is not None and record.parallelism != config.parallelism:
                 return _Base(prev, record, None, rescaled=True)
             base = resolve_base(store, self.partition, prev, (kg.start, kg.end), record)
+            if base is None and record is None and prev >= 0 and config.carrier:
+                # the carrier plan: this partition had no rows in batch prev, so ran no
+                # task in it (statebackend.restore.carry)
+                base = carry_in_task(store, self.partition, prev, config.parallelism,
+                                     (kg.start, kg.end), self.checkpointer.writer_epoch)
             if base is None and prev >= 0:
                 completed = completed_ids(store)
                 ran = last_batch_that_ran(store, prev, completed) if record is None else prev
@@ -218,7 +225,9 @@ class PartitionState:
                 check_continuity(completed, checkpoint_id)
             if base is not None and base.max_parallelism != config.max_parallelism:
                 raise _max_parallelism_changed(base, config)
-            return _Base(prev, record, base, rescaled=False)
+            # a carried-over manifest: restore the checkpoint it carries (its instance kept
+            # open, working directory and local copy; the next checkpoint's base)
+            return _Base(prev, record, carried_origin(base), rescaled=False)
 
     # --- the restore order ------------------------------------------------------------
 
@@ -230,11 +239,13 @@ class PartitionState:
             kept = self._kept_open(b, passed_over)
             if kept is not None:
                 return kept
-        if b.manifest is None and self.config.from_savepoint is not None:
+        if (b.manifest is None or never_ran(b.manifest)) \
+                and self.config.from_savepoint is not None:
             return self._from_savepoint(b)
         inst, rmetrics = self.checkpointer.restore(b.manifest, passed_over)
         return Restored(instance=inst, metrics=rmetrics, base=b.manifest,
-                        first=b.manifest is None, max_event_time_ms=_event_time(b.manifest),
+                        first=b.manifest is None or never_ran(b.manifest),
+                        max_event_time_ms=_event_time(b.manifest),
                         record=b.record, prev_id=b.prev_id)
 
     def _rescaled(self, b: _Base) -> Restored:
@@ -249,7 +260,8 @@ class PartitionState:
             self.checkpointer, b.record, self.config.parallelism, self.config.max_parallelism,
             local_root(self.config.options), self._open)
         ets = [t for t in map(_event_time, sources) if t is not None]
-        return Restored(instance=inst, metrics=rmetrics, base=sources[0], first=False,
+        return Restored(instance=inst, metrics=rmetrics, base=carried_origin(sources[0]),
+                        first=False,
                         max_event_time_ms=max(ets) if ets else None, record=b.record,
                         prev_id=b.prev_id)
 

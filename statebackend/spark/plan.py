@@ -23,7 +23,8 @@ from ..keys.placement import placement_values
 
 KG_COL = "__sb_kg"
 TICK_COL = "__sb_tick"
-INTERNAL_COLUMNS = (KG_COL, TICK_COL)
+PID_COL = "__sb_pid"  # the carrier plan's grouping column (statebackend.spark.carrier)
+INTERNAL_COLUMNS = (KG_COL, TICK_COL, PID_COL)
 
 # Key types whose pandas values in a task are exactly what Spark's hash() reads: tasks
 # compute their key groups with the native kernel instead of receiving a column. Not

@@ -84,6 +84,9 @@ class OperatorConfig:
     ``progress_columns``: a streaming operator's tasks report their metrics in Spark's
     progress as one more output row (:mod:`statebackend.spark.progress`), whose user
     columns hold these values; None (batch runs): no metrics row.
+    ``timers``: the operator's time mode (``"None"``, ``"ProcessingTime"``,
+    ``"EventTime"``), which the carrier plan keeps running (:mod:`.carrier`); ``carrier``:
+    the operator runs in the carrier plan (partitions without rows run no task).
     """
 
     operator_id: str
@@ -101,6 +104,8 @@ class OperatorConfig:
     frame_rows: int | None = None
     from_savepoint: SavepointSource | None = None
     progress_columns: dict[str, Any] | None = None
+    timers: str = "None"
+    carrier: bool = False
 
     @property
     def max_parallelism(self) -> int:
@@ -114,7 +119,8 @@ class OperatorConfig:
                 f"parallelism={self.parallelism!r}, key={self.key!r}, epoch={self.epoch!r}, "
                 f"watermark={self.watermark!r}, ticks={self.ticks!r}, "
                 f"drop_late={self.drop_late!r}, per_key={self.per_key!r}, "
-                f"frame_rows={self.frame_rows!r}, from_savepoint={self.from_savepoint!r})")
+                f"frame_rows={self.frame_rows!r}, from_savepoint={self.from_savepoint!r}, "
+                f"timers={self.timers!r}, carrier={self.carrier!r})")
 
 
 @dataclass
@@ -234,8 +240,9 @@ def decode_key(key: bytes, spec: KeySpec) -> tuple:
     return decode_grouping_key(key, list(spec.types))[1]
 
 
-def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
-    """(checkpoint id, partition, attempt name) of the running Spark task."""
+def task_identity(config: OperatorConfig, partition: int | None = None) -> tuple[int, int, str]:
+    """(checkpoint id, partition, attempt name) of the running Spark task (``partition``:
+    ours when it is not the task's, as in the carrier plan, :mod:`.carrier`)."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -250,7 +257,7 @@ def task_identity(config: OperatorConfig) -> tuple[int, int, str]:
         raise StateBackendError("no micro-batch id and no epoch: run through RocksDBStateBackend")
     # unique per attempt even across driver restarts (invariant 2)
     attempt = f"t{tc.taskAttemptId()}-a{tc.attemptNumber()}-{uuid.uuid4().hex[:8]}"
-    partition = tc.partitionId()
+    partition = tc.partitionId() if partition is None else partition
     if not 0 <= partition < config.parallelism:
         # After a union in the same stage Spark numbers partitions across both sides, and
         # no API tells a task its index within our own RDD.

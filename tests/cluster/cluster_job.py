@@ -68,7 +68,7 @@ def build(name: str, backend, work: str):
         return lambda df: backend.transform_with_state(df.groupBy("k"), proc, OUT, "Update",
                                                        mode, operator_id=name)
 
-    if name == "count":
+    if name in ("count", "carrier_count"):
         return tws(P.RunningCount())
     if name == "processing_timer":
         return tws(P.ProcessingTimer(), "ProcessingTime")
@@ -119,7 +119,8 @@ def scenario(spark, spec: dict, sc: dict) -> dict:
 
     def backend():  # a new object per query start: a driver with no memory of the state
         return RocksDBStateBackend(url, StateBackendOptions(
-            parallelism=2, local_dir=os.path.join(local, "{executor_id}")),
+            parallelism=2, local_dir=os.path.join(local, "{executor_id}"),
+            **{k: sc[k] for k in ("placement", "num_retained") if k in sc}),
             storage_options=s3_options(spec["endpoint"]))
 
     out: dict[int, list] = {}

@@ -1,0 +1,148 @@
+"""The carrier plan: each partition's task runs where Spark keeps its state store.
+
+Today's plan (:func:`statebackend.spark.plan.place` + ``mapInPandas``) leaves the choice
+of executor to Spark's scheduler, which has no reason to send partition ``p`` where its
+RocksDB instance, working directory and local copy are: on a cluster most tasks restore
+from durable storage. Spark's own stateful operators run inside ``StateStoreRDD``, whose
+preferred location for partition ``s`` is the executor that last loaded the state store
+of ``s``; the scheduler honours it (``spark.locality.wait``).
+
+So the streaming swap-ins run their work inside a Spark stateful operator used as a
+carrier: ``applyInPandasWithState`` grouped by an ``int`` column ``__sb_pid`` whose value
+for our partition ``p`` is chosen so that Spark's hash partitioning of an ``int`` sends it
+to Spark partition ``p mod N`` (``N``: the query's shuffle partitions). Each of our
+partitions is one group: the function is called once per partition per micro-batch with
+the partition's whole input as an iterator of pandas frames, and runs exactly the task
+of today's plan (:func:`statebackend.spark.runner.run_partition`) on it, batch at a time.
+The carrier's own state store stays empty for operators without timers, and holds one
+tiny row per partition for operators with timers (:func:`carrier_timeout`).
+
+Correctness never depends on placement: the group value names our partition, so a value
+that Spark places elsewhere (a restart whose checkpointed shuffle partitions differ from
+the session's) costs locality only. Several of our partitions in one Spark partition are
+several groups in one task.
+
+Spark calls the function only for groups with rows: a partition without rows in a
+micro-batch runs nothing and publishes nothing; its checkpoint is carried over
+(:mod:`statebackend.restore.carry`) by the driver when Spark commits the micro-batch,
+or by the partition's next task.
+
+Progress metrics (:mod:`.progress`) travel as in the shuffle plan: the carrier's output
+schema has the hidden metrics column, and each group (one of our partitions) adds its
+metrics row. A partition without rows in a micro-batch ran no task, so it adds none (the
+micro-batch's metrics are those of the partitions that ran).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..keys.groups import spark_hashes
+from . import plan
+from .task import PTIME_COL, OperatorConfig
+
+PID_COL = plan.PID_COL
+# Output modes the carrier (applyInPandasWithState) supports; "Complete" keeps today's plan.
+CARRIER_OUTPUT_MODES = ("append", "update")
+
+
+def carrier_values(parallelism: int, spark_partitions: int) -> list[int]:
+    """``v_p`` for each of our partitions ``p``: distinct non-negative ints with
+    ``pmod(hash(v_p as int), spark_partitions) == p mod spark_partitions``.
+
+    >>> vs = carrier_values(4, 2)
+    >>> [int(h) % 2 for h in spark_hashes([np.array(vs, np.int32)], ["int"])]
+    [0, 1, 0, 1]
+    """
+    want = [p % spark_partitions for p in range(parallelism)]
+    need: dict[int, int] = {}
+    for s in want:
+        need[s] = need.get(s, 0) + 1
+    found: dict[int, list[int]] = {s: [] for s in need}
+    base, chunk = 0, max(1024, 8 * parallelism)
+    while any(len(found[s]) < n for s, n in need.items()):
+        cand = np.arange(base, base + chunk, dtype=np.int32)
+        bucket = np.mod(spark_hashes([cand], ["int"]).astype(np.int64), spark_partitions)
+        for v, s in zip(cand.tolist(), bucket.tolist()):
+            if s in need and len(found[s]) < need[s]:
+                found[s].append(v)
+        base += chunk
+    taken = {s: 0 for s in need}
+    out = []
+    for s in want:
+        out.append(found[s][taken[s]])
+        taken[s] += 1
+    return out
+
+
+def spark_partitions_of(df: DataFrame) -> int:
+    """The shuffle partitions a new streaming query fixes in its checkpoint."""
+    return int(str(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
+
+
+def carrier_timeout(config: OperatorConfig) -> str:
+    """The carrier's GroupState timeout: what keeps a partition with timers running.
+
+    Operators without timers: ``NoTimeout`` (a partition runs when it has rows; skipping
+    it otherwise changes nothing). Processing-time timers (``timeMode="ProcessingTime"``,
+    a ``ProcessingTimeTimeout``): ``ProcessingTimeTimeout``, each partition's timeout set
+    1 ms ahead, so every partition that has run is called in every micro-batch, rows or
+    not, as the shuffle plan runs every partition; Spark then also runs no-data
+    micro-batches, as its own operators in that mode do. Event-time timers with a
+    watermark: ``EventTimeTimeout`` set just past the watermark, so a partition is called
+    whenever the watermark advances, and Spark runs a no-data micro-batch when it does,
+    as its own operators in that mode do.
+    """
+    mode = config.timers
+    if mode == "ProcessingTime":
+        return "ProcessingTimeTimeout"
+    if mode == "EventTime" and config.watermark is not None:
+        return "EventTimeTimeout"
+    return "NoTimeout"
+
+
+def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., list],
+                 schema: Any, output_mode: str) -> DataFrame:
+    """``df`` (ticks already added) run through the carrier: each group runs
+    :func:`~statebackend.spark.runner.run_partition` for its partition with ``process``."""
+    timeout = carrier_timeout(config)
+    n_spark = spark_partitions_of(df)
+    values = carrier_values(config.parallelism, n_spark)
+    partition_of = {v: p for p, v in enumerate(values)}
+    kg, _ = plan.route_column(config.parallelism, config.max_parallelism,
+                              list(config.key.columns))
+    pid = F.floor(kg * F.lit(config.parallelism) / F.lit(config.max_parallelism)).cast("int")
+    route = F.element_at(F.array(*[F.lit(int(v)) for v in values]), pid + 1).cast("int")
+    if not plan.key_groups_in_task(config.key.types):
+        df = df.withColumn(plan.KG_COL, kg)
+    df = (df.withColumn(PID_COL, route)
+            .withColumn(PTIME_COL, F.unix_millis(F.current_timestamp())))
+
+    def carry(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
+        from .runner import run_partition
+
+        out = list(run_partition(config, frames, process, partition=partition_of[int(key[0])]))
+        if timeout == "ProcessingTimeTimeout":
+            state.update((1,))
+            state.setTimeoutDuration(1)
+        elif timeout == "EventTimeTimeout":
+            state.update((1,))
+            state.setTimeoutTimestamp(max(int(state.getCurrentWatermarkMs()), 0) + 1)
+        yield from out
+
+    mode = "Append" if str(output_mode).lower() == "append" else "Update"
+    return df.groupBy(PID_COL).applyInPandasWithState(
+        carry, schema, "alive INT", mode, timeout)
+
+
+def uses_carrier(df: DataFrame, config: OperatorConfig, output_mode: str | None) -> bool:
+    """Whether this operator runs in the carrier plan: a streaming DataFrame, the option
+    on, and an output mode the carrier supports (batch DataFrames keep today's plan)."""
+    return (df.isStreaming and config.options.placement == "carrier"
+            and str(output_mode or "append").lower() in CARRIER_OUTPUT_MODES)
