@@ -173,7 +173,11 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
             log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "
                         "published; abandoning it", partition, ref.checkpoint_id, ref.attempt)
             return lineage.without_pending(), "abandoned"
+        log.debug("partition %d checkpoint %d: materialization %d still pending",
+                  partition, checkpoint_id, ref.checkpoint_id)
         return lineage, "pending"
+    log.debug("partition %d checkpoint %d: materialization %d adopted", partition,
+              checkpoint_id, ref.checkpoint_id)
     return lineage.adopt(published), "adopted"
 
 
@@ -218,11 +222,17 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
             entries[f.name] = replace(b, uploaded=False)
         else:
             uploads.append((f, local, check_relative(f"{adir}/{MATERIALIZED_PREFIX}{f.name}")))
+    log.debug("materialization %d partition %d: %d file(s) reused after CRC (%.3f s), "
+              "%d to upload", n, p, len(entries), time.perf_counter() - t0, len(uploads))
     transfers, yielded = [], 0.0
     if background:
-        for _f, local, path in uploads:
-            yielded += yield_to_critical_path()
+        for f, local, path in uploads:
+            w = yield_to_critical_path()
+            yielded += w
+            t1 = time.perf_counter()
             transfers.extend(store.put_files([(local, path)]))
+            log.debug("materialization %d partition %d: %s (%d bytes) waited %.3f s, "
+                      "uploaded in %.3f s", n, p, f.name, f.size, w, time.perf_counter() - t1)
     else:
         transfers = store.put_files([(local, path) for _f, local, path in uploads])
     for (f, _local, _path), t in zip(uploads, transfers):
@@ -267,7 +277,13 @@ def materialize_in_background(store: DurableStore, snapshot: LocalSnapshot,
     with open(marker, "w") as fh:
         fh.write(str(os.getpid()))
 
+    queued = time.perf_counter()
+    log.debug("materialization %d partition %d: queued", snapshot.checkpoint_id,
+              snapshot.partition)
+
     def run() -> PartitionManifest | None:
+        log.debug("materialization %d partition %d: started after %.3f s in the queue",
+                  snapshot.checkpoint_id, snapshot.partition, time.perf_counter() - queued)
         try:
             return upload_materialization(store, snapshot, base_files,
                                           key_group_range=key_group_range,
