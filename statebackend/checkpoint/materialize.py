@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..errors import CorruptStateError
 from ..local.disk import INFLIGHT_SUFFIX
 from ..model.manifest import (
     MATERIALIZED_PREFIX,
@@ -150,7 +151,9 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
               ) -> tuple[Lineage, str]:
     """Adopt the pending materialization when published; abandon it when too old.
 
-    One read of durable storage, and only while a materialization is pending. Too old
+    One read of durable storage, and only while a materialization is pending; a
+    materialization manifest that does not read back whole is not adopted (pending, as
+    if unpublished) rather than failing the checkpoint. Too old
     (:func:`pending_limit` batches) is not enough to abandon one that ``uploading`` says
     a live process of this machine is still uploading: a large state's materialization
     may take longer than that many short batches, and abandoning it would throw its
@@ -167,7 +170,12 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
         return lineage, "none"
     try:
         published = read_manifest(store, ref.path(partition))
-    except FileNotFoundError:
+    except (FileNotFoundError, CorruptStateError) as exc:
+        if isinstance(exc, CorruptStateError):
+            # not a base yet, so nothing is lost: on a store whose writes are not all or
+            # nothing it may be half-written (read again next batch); abandoned if it stays
+            log.warning("partition %d checkpoint %d: materialization %d unreadable (%s); "
+                        "not adopted", partition, checkpoint_id, ref.checkpoint_id, exc)
         if checkpoint_id - ref.checkpoint_id > pending_limit(interval) and not (
                 uploading is not None and uploading(ref)):
             log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "
