@@ -249,24 +249,32 @@ class RocksDBInstance:
         return int(total)
 
     def compact_bulk_load(self) -> bool:
-        """Compact every column family to its bottom level when level 0 and the memtables
-        hold at least :data:`BULK_LOAD_MIN_BYTES` and a quarter of what the other levels
-        hold (a load, or a batch that rewrote a large share of the state); whether it did.
+        """Compact every column family to its bottom level when level 0 holds at least
+        :data:`BULK_LOAD_MIN_BYTES` and a quarter of what the other levels hold (a load,
+        or a batch that rewrote a large share of the state); whether it did.
 
         Before the batch's snapshot: otherwise the snapshot holds the level-0 files, the
         compaction that follows rewrites all of them, and the next checkpoint (or
         materialization) uploads the whole state a second time (measured at 1 GiB: 1.06 GB
-        in the batch after the load, durable 2.1x the data for that batch). A load that
-        still fits in the memtables is flushed first: the snapshot's flush would otherwise
-        put it in level 0 whole, to be rewritten by the first level-0 compaction.
+        in the batch after the load, durable 2.1x the data for that batch). A first load
+        that still fits in the memtables (no SST file yet) is flushed and compacted too:
+        the snapshot's flush would put it in level 0 whole, to be rewritten by the first
+        level-0 compaction. Memtables are not counted once SST files exist: in changelog
+        mode they hold many batches' writes, not one batch's.
         """
         self._check_open()
-        memtables = sum(self.property_int("rocksdb.cur-size-all-mem-tables", n) or 0
-                        for n in self._cfs)
-        if memtables < BULK_LOAD_MIN_BYTES and not any(
-                self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
-            return False
-        l0, rest = memtables, 0
+        if not any(self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
+            if any(self.property_int("rocksdb.live-sst-files-size", n) for n in self._cfs):
+                return False
+            memtables = sum(self.property_int("rocksdb.cur-size-all-mem-tables", n) or 0
+                            for n in self._cfs)
+            if memtables < BULK_LOAD_MIN_BYTES:
+                return False
+            self.flush()
+            for cf in self._cfs.values():
+                cf.compact_range(None, None)
+            return True
+        l0 = rest = 0
         for f in self._db.live_files():
             if int(f.get("level", -1)) == 0:
                 l0 += int(f["size"])
@@ -274,8 +282,6 @@ class RocksDBInstance:
                 rest += int(f["size"])
         if l0 < BULK_LOAD_MIN_BYTES or 4 * l0 < rest:
             return False
-        if memtables:
-            self.flush()
         for cf in self._cfs.values():
             cf.compact_range(None, None)
         return True
