@@ -196,6 +196,10 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
             l0 = [int((m.metrics.get("rocksdb") or {}).get("l0_files", -1)) for m in manifests]
             sources = [m.metrics["restore"]["source"] for m in manifests]
             live = sum(m.full_size for m in manifests)
+            # referenced, split: the base's SST files (RocksDB's obsolete versions included)
+            # and the changelogs replayed onto it; which base, and how stale (changelog mode)
+            changelog_ref = sum(f.size for m in manifests for f in m.changelog_files)
+            bases = [m.materialized_id for m in manifests]
             # the product's own figure (keys and values of live entries, per partition)
             reported = [(m.metrics.get("rocksdb") or {}).get("logical_bytes") for m in manifests]
             row = {"batch": b, "latency_s": sum(task_s), "task_s": task_s,
@@ -207,6 +211,8 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
                    "logical_bytes": args.keys * (KEY_BYTES + args.value_bytes),
                    "reported_logical_bytes": (sum(reported) if None not in reported
                                               else None),
+                   "referenced_changelog_bytes": changelog_ref,
+                   "referenced_sst_bytes": live - changelog_ref, "base_batches": bases,
                    "local_bytes": disk_bytes(local), "durable_bytes": disk_bytes(durable_dir),
                    "durable_before_gc_bytes": durable_before_gc}
             run.batches.append(row)
@@ -344,6 +350,14 @@ def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str
         f"last{window}_local_growth": growth(ratio("local_bytes", last)),
         f"last{window}_referenced_growth": growth(ratio("live_bytes", last)),
         "reported_logical_over_true": ([min(reported), max(reported)] if reported else None),
+        # changelog mode: how much of referenced is the base's SSTs, how much changelogs,
+        # and how many batches old the base got (a materialization that is not adopted)
+        "referenced_sst_over_logical_max": max(ratio("referenced_sst_bytes", batches)),
+        "referenced_changelog_over_logical_max": max(
+            ratio("referenced_changelog_bytes", batches)),
+        "base_age_max_batches": max(
+            (r["batch"] - min(b for b in r["base_batches"] if b is not None) for r in batches
+             if any(b is not None for b in r["base_batches"])), default=None),
     }
 
 
@@ -409,6 +423,9 @@ def print_run(run: Run) -> None:
           f"{s['last50_durable_peak_growth']['second_half_over_first']:.3f}; local "
           f"{s['last50_local_growth']['second_half_over_first']:.3f}; referenced "
           f"{s['last50_referenced_growth']['second_half_over_first']:.3f}")
+    print(f"  referenced: SST files of the base at most {s['referenced_sst_over_logical_max']:.2f}"
+          f", changelogs at most {s['referenced_changelog_over_logical_max']:.2f} of the "
+          f"logical state; oldest base {s['base_age_max_batches']} batches behind")
     print(f"  uploaded per batch / changed: median {s['uploaded_over_changed_median']:.2f}, max "
           f"{s['uploaded_over_changed_max']:.2f}; logical reported by the checkpoints / true: "
           f"{s['reported_logical_over_true']}")
@@ -465,6 +482,7 @@ def plot_space(runs: list[Run], out_dir: str, title: str) -> str:
         for key, label, ls in (("durable_before_gc_bytes", "durable, before GC", "-"),
                                ("durable_bytes", "durable, after GC", "--"),
                                ("live_bytes", "referenced", ":"),
+                               ("referenced_sst_bytes", "referenced: the base's SSTs", (0, (1, 3))),
                                ("local_bytes", "local disk", "-.")):
             if all(key in r for r in rows):
                 ax.plot(xs, [r[key] / r["logical_bytes"] for r in rows], lw=1, ls=ls,

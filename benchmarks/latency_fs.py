@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,15 +208,28 @@ class LatencyFileSystem(AbstractFileSystem):
         return self.inner.find(self._strip_protocol(path), maxdepth=maxdepth,
                                withdirs=withdirs, detail=detail)
 
+    # An object store's PUT is all or nothing: a reader sees the whole object or none.
+    # The local directory behind it must too (write a temporary name, then rename), or a
+    # reader polling for a manifest (changelog mode's adoption of a materialization)
+    # could read it half-written, which no object store lets happen.
+
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         import os
 
         self._request(up=os.path.getsize(lpath))
-        self.inner.put_file(lpath, self._strip_protocol(rpath))
+        final = self._strip_protocol(rpath)
+        tmp = f"{os.path.dirname(final)}/.tmp-{uuid.uuid4().hex}"  # as the store names its own
+        self.inner.put_file(lpath, tmp)
+        os.replace(tmp, final)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        import os
+
         self._request(up=len(value))
-        self.inner.pipe_file(self._strip_protocol(path), value)
+        final = self._strip_protocol(path)
+        tmp = f"{os.path.dirname(final)}/.tmp-{uuid.uuid4().hex}"  # as the store names its own
+        self.inner.pipe_file(tmp, value)
+        os.replace(tmp, final)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None,
                  **kwargs: Any) -> bytes:

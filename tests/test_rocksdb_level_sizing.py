@@ -235,3 +235,25 @@ def test_a_bulk_load_is_compacted_before_the_snapshot(tmp_path: Path,
         db.flush()
         assert db.compact_bulk_load() is False
         assert db.property_int("rocksdb.num-files-at-level0", "s") == 1
+
+
+def test_a_load_still_in_the_memtables_is_flushed_and_compacted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a load smaller than the write buffer: the snapshot's flush would put all of it in
+    # level 0, to be rewritten (and uploaded again) by the first level-0 compaction
+    from statebackend.rocksdb import instance as rocks_instance
+
+    monkeypatch.setattr(rocks_instance, "BULK_LOAD_MIN_BYTES", 2 * MIB)
+    with RocksDBInstance(str(tmp_path / "db"), db_options=to_rocksdict_options(S())) as db:
+        _load(db, "s", 3000)  # 3 MB, in the 64 MB memtable
+        assert not db.property_int("rocksdb.num-files-at-level0", "s")
+        assert db.compact_bulk_load() is True
+        assert db.property_int("rocksdb.num-files-at-level0", "s") == 0
+        assert db.property_int("rocksdb.cur-size-all-mem-tables", "s") < MIB
+        assert db.property_int("rocksdb.live-sst-files-size", "s") > 2 * MIB
+        # once SST files exist the memtables are not counted (in changelog mode they hold
+        # many batches' writes): even 3 MB more is left to RocksDB
+        _load(db, "s", 3000, seed=2)
+        assert db.compact_bulk_load() is False
+        db.flush()
+        assert db.property_int("rocksdb.num-files-at-level0", "s") == 1

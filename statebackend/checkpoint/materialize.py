@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..errors import CorruptStateError
 from ..local.disk import INFLIGHT_SUFFIX
 from ..model.manifest import (
     MATERIALIZED_PREFIX,
@@ -150,7 +151,9 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
               ) -> tuple[Lineage, str]:
     """Adopt the pending materialization when published; abandon it when too old.
 
-    One read of durable storage, and only while a materialization is pending. Too old
+    One read of durable storage, and only while a materialization is pending; a
+    materialization manifest that does not read back whole is not adopted (pending, as
+    if unpublished) rather than failing the checkpoint. Too old
     (:func:`pending_limit` batches) is not enough to abandon one that ``uploading`` says
     a live process of this machine is still uploading: a large state's materialization
     may take longer than that many short batches, and abandoning it would throw its
@@ -167,13 +170,22 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
         return lineage, "none"
     try:
         published = read_manifest(store, ref.path(partition))
-    except FileNotFoundError:
+    except (FileNotFoundError, CorruptStateError) as exc:
+        if isinstance(exc, CorruptStateError):
+            # not a base yet, so nothing is lost: on a store whose writes are not all or
+            # nothing it may be half-written (read again next batch); abandoned if it stays
+            log.warning("partition %d checkpoint %d: materialization %d unreadable (%s); "
+                        "not adopted", partition, checkpoint_id, ref.checkpoint_id, exc)
         if checkpoint_id - ref.checkpoint_id > pending_limit(interval) and not (
                 uploading is not None and uploading(ref)):
             log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "
                         "published; abandoning it", partition, ref.checkpoint_id, ref.attempt)
             return lineage.without_pending(), "abandoned"
+        log.debug("partition %d checkpoint %d: materialization %d still pending",
+                  partition, checkpoint_id, ref.checkpoint_id)
         return lineage, "pending"
+    log.debug("partition %d checkpoint %d: materialization %d adopted", partition,
+              checkpoint_id, ref.checkpoint_id)
     return lineage.adopt(published), "adopted"
 
 
@@ -218,11 +230,17 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
             entries[f.name] = replace(b, uploaded=False)
         else:
             uploads.append((f, local, check_relative(f"{adir}/{MATERIALIZED_PREFIX}{f.name}")))
+    log.debug("materialization %d partition %d: %d file(s) reused after CRC (%.3f s), "
+              "%d to upload", n, p, len(entries), time.perf_counter() - t0, len(uploads))
     transfers, yielded = [], 0.0
     if background:
-        for _f, local, path in uploads:
-            yielded += yield_to_critical_path()
+        for f, local, path in uploads:
+            w = yield_to_critical_path()
+            yielded += w
+            t1 = time.perf_counter()
             transfers.extend(store.put_files([(local, path)]))
+            log.debug("materialization %d partition %d: %s (%d bytes) waited %.3f s, "
+                      "uploaded in %.3f s", n, p, f.name, f.size, w, time.perf_counter() - t1)
     else:
         transfers = store.put_files([(local, path) for _f, local, path in uploads])
     for (f, _local, _path), t in zip(uploads, transfers):
@@ -267,7 +285,13 @@ def materialize_in_background(store: DurableStore, snapshot: LocalSnapshot,
     with open(marker, "w") as fh:
         fh.write(str(os.getpid()))
 
+    queued = time.perf_counter()
+    log.debug("materialization %d partition %d: queued", snapshot.checkpoint_id,
+              snapshot.partition)
+
     def run() -> PartitionManifest | None:
+        log.debug("materialization %d partition %d: started after %.3f s in the queue",
+                  snapshot.checkpoint_id, snapshot.partition, time.perf_counter() - queued)
         try:
             return upload_materialization(store, snapshot, base_files,
                                           key_group_range=key_group_range,

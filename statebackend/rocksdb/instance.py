@@ -256,13 +256,24 @@ class RocksDBInstance:
         Before the batch's snapshot: otherwise the snapshot holds the level-0 files, the
         compaction that follows rewrites all of them, and the next checkpoint (or
         materialization) uploads the whole state a second time (measured at 1 GiB: 1.06 GB
-        in the batch after the load, durable 2.1x the data for that batch).
+        in the batch after the load, durable 2.1x the data for that batch). A first load
+        that still fits in the memtables (no SST file yet) is flushed and compacted too:
+        the snapshot's flush would put it in level 0 whole, to be rewritten by the first
+        level-0 compaction. Memtables are not counted once SST files exist: in changelog
+        mode they hold many batches' writes, not one batch's.
         """
         self._check_open()
-        if not self.property_int("rocksdb.num-files-at-level0"):
-            # the default column family has none: look at all of them
-            if not any(self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
+        if not any(self.property_int("rocksdb.num-files-at-level0", n) for n in self._cfs):
+            if any(self.property_int("rocksdb.live-sst-files-size", n) for n in self._cfs):
                 return False
+            memtables = sum(self.property_int("rocksdb.cur-size-all-mem-tables", n) or 0
+                            for n in self._cfs)
+            if memtables < BULK_LOAD_MIN_BYTES:
+                return False
+            self.flush()
+            for cf in self._cfs.values():
+                cf.compact_range(None, None)
+            return True
         l0 = rest = 0
         for f in self._db.live_files():
             if int(f.get("level", -1)) == 0:
