@@ -193,7 +193,9 @@ def read(kind: str, s: Any, slot: int) -> Any:
         return plain(s.get())
     if kind == "list":
         return plain(list(s.get()))
-    return plain(s.getValue((slot,)))
+    value = plain(s.getValue((slot,)))
+    assert plain(dict(s.iterator()))[(slot,)] == value  # the scan reads it the same
+    return value
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
