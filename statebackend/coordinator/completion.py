@@ -19,9 +19,10 @@ from ..model.manifest import (
     completed_record_path,
     latest_pointer,
     manifest_digest,
+    manifests_by_partition,
 )
 from .ownership import _Owner, log
-from .records import _manifests_by_partition, _parse_or_error, key_group_range
+from .records import _parse_or_error, key_group_range
 from .registry import RegisteredCheckpoint
 
 
@@ -98,7 +99,7 @@ class _Completion(_Owner):
         # One listing of the checkpoint's directory (paged: ~1,000 files per request),
         # not one per partition; then the new manifests read in parallel.
         listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
-        by_partition = _manifests_by_partition(listing)
+        by_partition = manifests_by_partition(listing)
         self._read_published_many(checkpoint_id, sorted(
             rel for rels in by_partition.values() for rel in rels))
         chosen: dict[int, PartitionManifest] = {}

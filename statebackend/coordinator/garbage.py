@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 from ..errors import CheckpointError
-from ..model.manifest import MANIFEST_NAME, checkpoint_dir
+from ..model.manifest import MANIFEST_NAME, checkpoint_dir, manifests_by_partition
 from .ownership import _Owner, log
-from .records import PINS_DIR, WATERMARK_PATH, GcReport, _manifests_by_partition
+from .records import PINS_DIR, WATERMARK_PATH, GcReport
 from .registry import referenced_paths
 
 
@@ -67,7 +67,7 @@ class _Garbage(_Owner):
         if listing is None:  # after a rebuild: not listed since
             listing = frozenset(self._list(checkpoint_dir(latest)))
             self._listings[latest] = listing
-        rels = sorted(r for rs in _manifests_by_partition(listing).values() for r in rs)
+        rels = sorted(r for rs in manifests_by_partition(listing).values() for r in rs)
         self._read_published_many(latest, rels)
         for rel in rels:
             self._read_published(latest, rel)

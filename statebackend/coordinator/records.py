@@ -7,13 +7,12 @@ coordinator and every other reader alike, is :mod:`statebackend.storage.records`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CorruptStateError, UnsafePathError
 from ..keys import ranges as keyranges
 from ..model.manifest import (
-    MANIFEST_NAME,
     CompletedCheckpoint,
     PartitionManifest,
 )
@@ -30,17 +29,6 @@ def key_group_range(partition: int, parallelism: int, max_parallelism: int) -> t
     (:func:`statebackend.keys.ranges.key_group_range` as the tuple manifests record)."""
     r = keyranges.key_group_range(partition, parallelism, max_parallelism)
     return r.start, r.end
-
-
-def _manifests_by_partition(listing: Iterable[str]) -> dict[int, list[str]]:
-    """Manifest paths (``chk-<n>/p<p>/<attempt>/_MANIFEST.json``) of a listing, by partition."""
-    out: dict[int, list[str]] = {}
-    for rel in listing:
-        parts = rel.split("/")
-        if len(parts) == 4 and parts[3] == MANIFEST_NAME and parts[1][:1] == "p" \
-                and parts[1][1:].isdigit():
-            out.setdefault(int(parts[1][1:]), []).append(rel)
-    return out
 
 
 def _parse_or_error(raw: bytes | PartitionManifest | Exception | None, where: str

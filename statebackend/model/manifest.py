@@ -27,7 +27,7 @@ import json
 import posixpath
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -59,6 +59,17 @@ def attempt_dir(checkpoint_id: int, partition: int, attempt: str) -> str:
 
 def manifest_path(checkpoint_id: int, partition: int, attempt: str) -> str:
     return f"{attempt_dir(checkpoint_id, partition, attempt)}/{MANIFEST_NAME}"
+
+
+def manifests_by_partition(listing: Iterable[str]) -> dict[int, list[str]]:
+    """Manifest paths (``chk-<n>/p<p>/<attempt>/_MANIFEST.json``) of a listing, by partition."""
+    out: dict[int, list[str]] = {}
+    for rel in listing:
+        parts = rel.split("/")
+        if len(parts) == 4 and parts[3] == MANIFEST_NAME and parts[1][:1] == "p" \
+                and parts[1][1:].isdigit():
+            out.setdefault(int(parts[1][1:]), []).append(rel)
+    return out
 
 
 def materialized_path(checkpoint_id: int, partition: int, attempt: str) -> str:

@@ -31,11 +31,11 @@ from ..checkpoint.publish import ManifestFacts
 from ..keys.ranges import key_group_range
 from ..model.carry import CARRIED_SOURCE, carried_attempt, carried_manifest, carried_origin
 from ..model.manifest import (
-    MANIFEST_NAME,
     CompletedCheckpoint,
     PartitionManifest,
     checkpoint_dir,
     choose_manifest,
+    manifests_by_partition,
 )
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
@@ -64,13 +64,7 @@ def manifests_at(ostore: DurableStore, checkpoint_id: int) -> dict[int, list[str
     listing = ostore.list_dir(checkpoint_dir(checkpoint_id))
     if not listing:
         return None
-    out: dict[int, list[str]] = {}
-    for rel in listing:
-        parts = rel.split("/")
-        if len(parts) == 4 and parts[3] == MANIFEST_NAME and parts[1][:1] == "p" \
-                and parts[1][1:].isdigit():
-            out.setdefault(int(parts[1][1:]), []).append(rel)
-    return out
+    return manifests_by_partition(listing)
 
 
 def peer_watermark(ostore: DurableStore, by_partition: dict[int, list[str]]) -> int | None:
