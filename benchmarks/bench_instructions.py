@@ -3,6 +3,7 @@ versions of the code that does not depend on what else the machine is doing.
 
     python benchmarks/bench_instructions.py --workloads noop,count --keys 2000 --batches 3
     PYTHONPATH=/path/to/other/checkout python benchmarks/bench_instructions.py ...   # the B side
+    python benchmarks/bench_instructions.py --carrier ...   # as the carrier plan calls it
 
 Each workload runs ``runner.run_partition`` (restore, group, process, checkpoint, close) over
 the same batches as ``bench_task.py``; imports and a first batch run before counting starts,
@@ -28,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def count(workload: str, keys: int, rows: int, batches: int,
-          progress_metrics: bool = True) -> tuple[int, int]:
+          progress_metrics: bool = True, carrier: bool = False) -> tuple[int, int]:
     """Instructions of ``batches`` steady-state tasks of ``workload`` (a child under
     callgrind that switches counting on after its warm-up): the task's own thread, and all
     threads together.
@@ -43,7 +44,8 @@ def count(workload: str, keys: int, rows: int, batches: int,
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
            f"--callgrind-out-file={out_dir}/cg.%p", sys.executable, __file__, "--child",
            "--workloads", workload, "--keys", str(keys), "--rows", str(rows),
-           "--batches", str(batches), *(() if progress_metrics else ("--no-progress-metrics",))]
+           "--batches", str(batches), *(() if progress_metrics else ("--no-progress-metrics",)),
+           *(("--carrier",) if carrier else ())]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     main_thread = every = 0
     for path in glob.glob(f"{out_dir}/cg.*"):
@@ -86,9 +88,17 @@ def child(args: argparse.Namespace) -> None:
                 gc.freeze()
                 subprocess.run(["callgrind_control", "-i", "on", pid], check=True,
                                stdout=subprocess.DEVNULL)
-            runner.task_identity = lambda _c, b=b: (b, 0, f"bench-{b}")
-            for _ in runner.run_partition(config, T.arrow_batches(pdf), process):
-                pass
+            runner.task_identity = lambda _c, _p=None, b=b: (b, 0, f"bench-{b}")
+            if args.carrier:
+                # what the carrier's group function adds around the same task
+                # (statebackend/spark/carrier.py, ``carry``): its partition named, the
+                # output collected before it is yielded
+                for _ in list(runner.run_partition(config, T.arrow_batches(pdf), process,
+                                                   partition=0)):
+                    pass
+            else:
+                for _ in runner.run_partition(config, T.arrow_batches(pdf), process):
+                    pass
     finally:
         runner.task_identity = saved
         subprocess.run(["callgrind_control", "-i", "off", pid], check=True,
@@ -104,6 +114,10 @@ def main() -> None:
     ap.add_argument("--no-progress-metrics", dest="progress_metrics", action="store_false",
                     help="tasks without their row of metrics for Spark's progress (as "
                          "progress_metrics=False): the baseline of the metrics' cost")
+    ap.add_argument("--carrier", action="store_true",
+                    help="call the task as the carrier plan's group function does (its "
+                         "partition named, output collected): the carrier's own Python work; "
+                         "PySpark's applyInPandasWithState framing is not counted")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -112,9 +126,11 @@ def main() -> None:
     import statebackend
 
     print(f"code: {os.path.dirname(statebackend.__file__)}, progress metrics "
-          f"{'on' if args.progress_metrics else 'off'}")
+          f"{'on' if args.progress_metrics else 'off'}, "
+          f"{'carrier' if args.carrier else 'shuffle'} plan's call")
     for w in args.workloads.split(","):
-        n, every = count(w, args.keys, args.rows, args.batches, args.progress_metrics)
+        n, every = count(w, args.keys, args.rows, args.batches, args.progress_metrics,
+                         args.carrier)
         per_key = n / (args.keys * args.batches)
         print(f"{w}: {n:,} instructions in the task's thread over {args.batches} batches of "
               f"{args.rows:,} rows ({args.keys:,} keys): {per_key:,.0f} per key per batch "

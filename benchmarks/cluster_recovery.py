@@ -27,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -41,7 +42,7 @@ import uuid
 from collections import Counter, defaultdict
 
 from . import compare
-from .workloads import OUT, make_input, vector_count
+from .workloads import OUT, make_input, padded_count, vector_count
 
 OP = "counts"
 # resident: the instance the partition's worker kept open (keep_instances_open)
@@ -120,13 +121,34 @@ def executor_jvms() -> dict[str, int]:
     return out
 
 
-def run_query(spark, backend, in_dir: str, ck: str, kill_after: int | None = None) -> dict:
+def fill_first_batch(in_dir: str, keys: int) -> None:
+    """Make batch 0 hold every key once, so that the state has all ``keys`` from batch 0
+    on (``--value-bytes``: the state's size is then keys x value bytes)."""
+    import pandas as pd
+
+    file = os.path.join(in_dir, "part-00000.parquet")
+    st = os.stat(file)
+    first = pd.read_parquet(file)
+    pd.DataFrame({"k": [f"key-{i:07d}" for i in range(keys)],
+                  "x": [0] * keys, "ts": first["ts"].min()}).to_parquet(
+        file, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
+    os.utime(file, (st.st_atime, st.st_mtime))  # keeps batch order
+
+
+def run_query(spark, backend, in_dir: str, ck: str, kill_after: int | None = None,
+              value_bytes: int = 0) -> dict:
     """Run the count over every file in ``in_dir`` (one per micro-batch); with
-    ``kill_after``, kill executor 1's JVM once that batch's output is in."""
+    ``kill_after``, kill executor 1's JVM once that batch's output is in; with
+    ``value_bytes``, each key's state carries that many bytes of padding."""
     df = spark.readStream.schema("k STRING, x BIGINT, ts TIMESTAMP") \
         .option("maxFilesPerTrigger", 1).parquet(in_dir)
-    out = backend.map_in_pandas(df, key="k", func=vector_count, schema=OUT,
-                                state_schema="c BIGINT", operator_id=OP, output_mode="Append")
+    func, state_schema = vector_count, "c BIGINT"
+    if value_bytes:
+        func = functools.partial(padded_count, value_bytes=value_bytes)
+        state_schema = "c BIGINT, pad BINARY"
+    out = backend.map_in_pandas(df, key="k", func=func, schema=OUT,
+                                state_schema=state_schema, operator_id=OP,
+                                output_mode="Append")
     info: dict = {"killed": None}
 
     def sink(batch_df, batch_id):
@@ -160,6 +182,15 @@ def restores(backend, batches: range) -> list[dict]:
                          "files": int(r.get("files_downloaded", 0) or 0),
                          "seconds": float(r.get("duration_s", 0.0) or 0.0)})
     return rows
+
+
+def state_bytes(backend, batch: int) -> int:
+    """The state's size at ``batch``: the files its partitions' manifests name."""
+    from statebackend.storage.manifests import read_manifest
+
+    coord = backend.coordinator(OP)
+    return sum(read_manifest(coord.store, path, operator_id=OP).full_size
+               for path in coord.get(batch).manifests.values())
 
 
 def pct(values: list[float], q: float) -> float:
@@ -256,6 +287,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=4, help="state partitions")
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--events-per-batch", type=int, default=20_000)
+    ap.add_argument("--value-bytes", type=int, default=0,
+                    help="incompressible bytes of state per key beside its count; with it, "
+                         "batch 0 holds every key once, so the state is about keys x "
+                         "value bytes from batch 0 on (e.g. --keys 270000 --value-bytes 4000: "
+                         "~1.1 GB)")
     ap.add_argument("--download-files", type=int, default=16)
     ap.add_argument("--download-file-mb", type=float, default=4.0)
     ap.add_argument("--threads", default="1,4,8,16", help="download_threads to time")
@@ -290,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         per = args.events_per_batch
         steady, after = args.batches, args.after
         make_input(in_dir, args.keys, per * (steady + after), steady + after)
+        if args.value_bytes:
+            fill_first_batch(in_dir, args.keys)
         spark = compare.start_session("statebackend-cluster-recovery", args.partitions,
                                       master=f"local-cluster[{args.executors},1,1024]",
                                       conf=conf)
@@ -304,13 +342,15 @@ def main(argv: list[str] | None = None) -> int:
 
         be = backend()
         t0 = time.perf_counter()
-        info = run_query(spark, be, in_dir, ck, kill_after=steady - 1)
+        info = run_query(spark, be, in_dir, ck, kill_after=steady - 1,
+                         value_bytes=args.value_bytes)
         run1_s = time.perf_counter() - t0
         make_input(in_dir, args.keys, per * after, after, first_batch=steady + after)
         be = backend()
-        run_query(spark, be, in_dir, ck)
+        run_query(spark, be, in_dir, ck, value_bytes=args.value_bytes)
         total = steady + 2 * after
         rows = restores(be, range(1, total))  # batch 0 starts empty
+        size = state_bytes(be, total - 1)
         phases = [summarize("steady", [r for r in rows if r["batch"] < steady]),
                   summarize("executor lost", [r for r in rows
                                               if steady <= r["batch"] < steady + after]),
@@ -326,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
               f"; first run {run1_s:.0f} s for {steady + after} batches; load {' '.join(load)};"
               f" confs {args.conf or 'default'}; placement {args.placement};"
               f" {args.executors} executors;"
-              f" local_dir {'shared' if args.shared_local_dir else 'per executor'}")
+              f" local_dir {'shared' if args.shared_local_dir else 'per executor'};"
+              f" state {size / 1e6:.0f} MB at the last batch")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"phases": phases, "download": rates, "rows": rows,
-                           "killed": info["killed"], "load": load, "args": vars(args)},
+                           "killed": info["killed"], "load": load,
+                           "state_bytes": size, "args": vars(args)},
                           fh, indent=1)
         return 0
     finally:

@@ -4,6 +4,7 @@
     python -m benchmarks.spark_stages --systems lower,lower-shuffled,ours-map --repeat 3
     python -m benchmarks.spark_stages --systems lower,ours-map,ours-map-blocks   # value blocks
     python -m benchmarks.spark_stages --systems lower,ours-tws-row --keys 10000 --events 200000
+    python -m benchmarks.spark_stages --systems ours-map-blocks --placement shuffle,carrier
 
 ``benchmarks.compare`` says how fast each system is; this says why. For every run it
 prints, besides events/s:
@@ -18,7 +19,10 @@ prints, besides events/s:
   async parts.
 
 Systems are the names of ``benchmarks.compare``; rounds (``--repeat``) run the systems in
-turn so that a slow phase of the machine hits all of them.
+turn so that a slow phase of the machine hits all of them. ``--placement`` runs each of our
+systems once per plan (``StateBackendOptions.placement``), in turn within a round; its
+summary line per run (stages, tasks, executor CPU per micro-batch) is the carrier's cost
+in Spark's own counts.
 """
 
 from __future__ import annotations
@@ -75,6 +79,17 @@ def summarise_stages(stages: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def per_batch(stages: list[dict[str, Any]], batches: int) -> str:
+    """Stages, tasks and executor time of a run, per micro-batch."""
+    tasks = sum(int(s["numTasks"]) for s in stages)
+    run = sum(s.get("executorRunTime", 0) for s in stages)
+    cpu = sum(s.get("executorCpuTime", 0) for s in stages) / 1e6
+    shuffle = sum(s.get("shuffleWriteBytes", 0) for s in stages)
+    return (f"  per micro-batch: {len(stages) / batches:.1f} stages, {tasks / batches:.1f} "
+            f"tasks, executor run {run / batches:.0f} ms, JVM CPU {cpu / batches:.0f} ms, "
+            f"shuffle write {shuffle / batches / 1024:.0f} kB")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.spark_stages",
                                  description=(__doc__ or "").split("\n\n")[0])
@@ -84,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--placement", default="shuffle",
+                    help="comma separated plans of our systems: shuffle, carrier")
     args = ap.parse_args(argv)
     systems = C.select_systems(args.systems)
     bad = [s.name for s in systems if "count" not in s.workloads]
@@ -106,13 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         W.make_input(inp, args.keys, args.events, args.batches)
         print(f"{args.events:,} events over {args.keys:,} keys in {args.batches} batches, "
               f"local[{args.partitions}]; load {os.getloadavg()[0]:.1f}", flush=True)
+        placements = [p.strip() for p in args.placement.split(",") if p.strip()]
+        runs = [(system, placement) for system in systems
+                for placement in (placements if system.ours else [None])]
         for rnd in range(-1, args.repeat):  # round -1 warms every system up on tiny input
-            for system in systems:
-                tag = f"{system.name}-{rnd}"
+            for system, placement in runs:
+                tag = f"{system.name}-{placement}-{rnd}"
                 state_dir = os.path.join(work, "state-" + tag)
                 backend = (RocksDBStateBackend(state_dir, StateBackendOptions(
-                    parallelism=args.partitions, local_dir=os.path.join(work, "local-" + tag)))
-                    if system.ours else None)
+                    parallelism=args.partitions, local_dir=os.path.join(work, "local-" + tag),
+                    placement=placement)) if system.ours else None)
                 build = C.build_query(system, "count", backend)
                 t0 = time.perf_counter()
                 q = C.start_query(spark, system, "count", build, warm if rnd < 0 else inp,
@@ -126,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 for p in q.recentProgress:
                     for k, v in (p.durationMs or {}).items():
                         phases.setdefault(k, []).append(float(v))
-                print(f"\n[round {rnd + 1}] {system.name}: {args.events / seconds:,.0f} events/s "
+                name = system.name + (f" ({placement})" if placement else "")
+                print(f"\n[round {rnd + 1}] {name}: {args.events / seconds:,.0f} events/s "
                       f"({seconds:.1f} s), load {os.getloadavg()[0]:.1f}")
                 print("  trigger phases, mean ms per batch: " + ", ".join(
                     f"{k} {np.mean(v):.0f}" for k, v in sorted(phases.items())))
                 print("  stages:")
                 print("\n".join(summarise_stages(stages)))
+                print(per_batch(stages, args.batches))
                 if system.ours:
                     t = manifest_timings(state_dir, f"{system.name}-count", args.partitions)
                     print("  per task, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()))

@@ -132,6 +132,21 @@ def vector_count(batches, state):
         yield pd.DataFrame({"k": g.index, "v": new})
 
 
+def padded_count(batches, state, value_bytes: int = 1000):
+    """:func:`vector_count` with ``value_bytes`` of incompressible padding beside each
+    key's count (``state_schema="c BIGINT, pad BINARY"``): state of a chosen size, for
+    runs that need gigabytes of it (``functools.partial`` sets the size)."""
+    for pdf in batches:
+        g = pdf.groupby("k").size()
+        keys = pd.Series(g.index, name="k")
+        old = pd.to_numeric(state.get(keys)["c"], errors="coerce").fillna(0).to_numpy("int64")
+        new = old + g.to_numpy()
+        pad = os.urandom(value_bytes * len(new))
+        state.put(keys, pd.DataFrame({"c": new, "pad": [pad[i * value_bytes:(i + 1) * value_bytes]
+                                                       for i in range(len(new))]}))
+        yield pd.DataFrame({"k": g.index, "v": new})
+
+
 # --- sessions (list state) -------------------------------------------------------------
 
 
