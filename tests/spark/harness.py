@@ -14,15 +14,20 @@ def write_batches(input_dir: str, batches: list[pd.DataFrame], start: int = 0) -
 
     Spark's file source takes the oldest new file first (maxFilesPerTrigger=1) and breaks
     ties in listing order, so files written within one clock tick could be read out of
-    order: each file gets a modification time one second after the previous one.
+    order: each file gets a modification time one second after the previous one. Each
+    file is written and dated under a hidden name (Spark skips names starting with ".")
+    and renamed into place, so a query already running never lists a file before its
+    date is set (it took batch 3's file, still dated "now", before batch 2's).
     """
     os.makedirs(input_dir, exist_ok=True)
     base = time.time()
     for i, pdf in enumerate(batches, start=start):
-        path = os.path.join(input_dir, f"part-{i:05d}.parquet")
+        name = f"part-{i:05d}.parquet"
+        tmp = os.path.join(input_dir, "." + name)
         # Spark reads timestamps in microseconds, not pandas' nanoseconds
-        pdf.to_parquet(path, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
-        os.utime(path, (base + i, base + i))
+        pdf.to_parquet(tmp, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
+        os.utime(tmp, (base + i, base + i))
+        os.replace(tmp, os.path.join(input_dir, name))
 
 
 def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_dir: str,
