@@ -115,13 +115,11 @@ def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., l
     n_spark = spark_partitions_of(df)
     values = carrier_values(config.parallelism, n_spark)
     partition_of = {v: p for p, v in enumerate(values)}
-    kg, _ = plan.route_column(config.parallelism, config.max_parallelism,
-                              list(config.key.columns))
-    pid = F.floor(kg * F.lit(config.parallelism) / F.lit(config.max_parallelism)).cast("int")
-    route = F.element_at(F.array(*[F.lit(int(v)) for v in values]), pid + 1).cast("int")
+    kg, route = plan.route_column(config.parallelism, config.max_parallelism,
+                                  list(config.key.columns), values)
     if not plan.key_groups_in_task(config.key.types):
         df = df.withColumn(plan.KG_COL, kg)
-    df = (df.withColumn(PID_COL, route)
+    df = (df.withColumn(PID_COL, route.cast("int"))
             .withColumn(PTIME_COL, F.unix_millis(F.current_timestamp())))
 
     def carry(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:

@@ -90,13 +90,17 @@ def key_groups_in_task(key_types: tuple[str, ...] | list[str]) -> bool:
     return all(t in _TASK_HASHED_TYPES for t in key_types)
 
 
-def route_column(parallelism: int, max_parallelism: int, key_columns: list[str]) -> tuple[Column, Column]:
-    """(key group, route) expressions for ``repartition(parallelism, route)``."""
+def route_column(parallelism: int, max_parallelism: int, key_columns: list[str],
+                 values: list[int] | None = None) -> tuple[Column, Column]:
+    """(key group, route) expressions: the route of a row is ``values[p]`` for its
+    partition ``p``; by default the values ``repartition(parallelism, route)`` sends to
+    partition p (:func:`placement_values`; the carrier plan passes its grouping values)."""
     kg = F.pmod(F.hash(*[F.col(f"`{c}`") for c in key_columns]), F.lit(max_parallelism))
     # partition index of a key group: floor(kg * P / maxP) (DESIGN.md section 2)
     pid = F.floor(kg * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
-    values = F.array(*[F.lit(v) for v in placement_values(parallelism)])
-    return kg.cast("int"), F.element_at(values, pid + 1)
+    if values is None:
+        values = placement_values(parallelism)
+    return kg.cast("int"), F.element_at(F.array(*[F.lit(int(v)) for v in values]), pid + 1)
 
 
 def place(df: DataFrame, key: KeySpec, parallelism: int, max_parallelism: int) -> DataFrame:
