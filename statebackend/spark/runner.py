@@ -66,8 +66,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
     The output is yielded only once the checkpoint is published: a task whose checkpoint
     failed produces nothing, and Spark's retry starts from the same state (invariant 1).
     """
-    checkpoint_id, partition, attempt = (task_identity(config) if partition is None
-                                         else task_identity(config, partition))
+    checkpoint_id, partition, attempt = task_identity(config, partition)
     clock = TaskClock()
     source = TaskInput(batches, config.watermark[0] if config.watermark is not None else None)
     chunks = source.chunks(sys.maxsize if config.per_key or config.frame_rows is None

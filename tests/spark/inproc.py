@@ -52,7 +52,7 @@ def run_task(root: str, batch: int, attempt: str, input_frames, frame_rows: int 
     cfg = config(root, operator_id, **options)
     process = vector_process(count, cfg, "c BIGINT", None, frame_rows)
     original = runner.task_identity
-    runner.task_identity = lambda _c: (batch, 0, attempt)
+    runner.task_identity = lambda _c, _ours=None: (batch, 0, attempt)
     try:
         out = list(runner.run_partition(cfg, input_frames, process))
     finally:

@@ -65,7 +65,7 @@ def run_batch(root: str, batch: int, parallelism: int, keys, values, **options) 
             sel = part == p
             frame = pd.DataFrame({"k": keys[sel], "v": values[sel], KG_COL: kg[sel],
                                   PTIME_COL: np.full(int(sel.sum()), 1_700_000_000_000)})
-            runner.task_identity = lambda _c, p=p: (batch, p, f"b{batch}-p{p}")
+            runner.task_identity = lambda _c, _ours=None, p=p: (batch, p, f"b{batch}-p{p}")
             for _ in runner.run_partition(config, iter([frame]), process):
                 pass
         assert coord.try_complete(batch) is not None
