@@ -6,19 +6,38 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from ..errors import OptionsError, StateBackendError
+from ..errors import OptionsError
 from .common import EXIT_OK, _count, _progress, common_args
+
+
+def _output_format(args: argparse.Namespace) -> str:
+    """``csv`` or ``parquet``, from ``--format`` or the output's name; Parquet to standard
+    output is bad usage, said before anything is read."""
+    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
+                          else "parquet")
+    if fmt == "parquet" and args.output == "-":
+        raise OptionsError("--output", "-", "Parquet cannot go to standard output; give a "
+                                            "file name or use --format csv")
+    return fmt
+
+
+def _write(frame: Any, view: Any, state: str | None, fmt: str, args: argparse.Namespace,
+           out: TextIO) -> None:
+    """``frame`` to ``args.output`` (``-``: ``out``): nested columns typed in Parquet, as
+    JSON in CSV."""
+    from ..spark.state_arrow import nested_as_json, write_parquet
+
+    if fmt == "csv":
+        nested_as_json(frame, view, state).to_csv(
+            out if args.output == "-" else args.output, index=False)
+    else:
+        write_parquet(frame, view, state, args.output)
 
 
 def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from ..spark.read_state import load_checkpoint, read_rows, rows_to_pandas
-    from ..spark.state_arrow import nested_as_json, write_parquet
 
-    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
-                          else "parquet")
-    if fmt == "parquet" and args.output == "-":  # bad usage: say so before reading anything
-        raise OptionsError("--output", "-", "Parquet cannot go to standard output; give a "
-                                            "file name or use --format csv")
+    fmt = _output_format(args)
     store = args.open_store()
     op = args.operator
     key_types = args.key_types.split(",") if args.key_types else None
@@ -28,11 +47,7 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
         rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
                               view=view, progress=bar))
     frame = rows_to_pandas(rows, view, args.state)
-    if fmt == "csv":
-        nested_as_json(frame, view, args.state).to_csv(
-            out if args.output == "-" else args.output, index=False)
-    else:
-        write_parquet(frame, view, args.state, args.output)
+    _write(frame, view, args.state, fmt, args, out)
     if args.output == "-":
         return EXIT_OK  # standard output holds the data
     if args.json:
@@ -49,8 +64,8 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
     """What was put and deleted between two retained checkpoints, to Parquet or CSV."""
     from ..spark.changes import change_rows, changes_to_pandas, plan_changes
-    from ..spark.state_arrow import nested_as_json, write_parquet
 
+    fmt = _output_format(args)
     store = args.open_store()
     key_types = args.key_types.split(",") if args.key_types else None
     plan = plan_changes(store, args.operator, args.from_id, args.to_id, key_types=key_types)
@@ -58,18 +73,9 @@ def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
         rows = list(change_rows(store, args.operator, args.from_id, args.to_id, args.state,
                                 partitions=args.partition or None, plan=plan, progress=bar))
     frame = changes_to_pandas(rows, plan, args.state)
-    fmt = args.format or ("csv" if args.output == "-" or args.output.endswith(".csv")
-                          else "parquet")
-    if fmt == "csv":
-        nested_as_json(frame, plan.view, args.state).to_csv(
-            out if args.output == "-" else args.output, index=False)
-        if args.output == "-":
-            return EXIT_OK
-    elif args.output == "-":
-        raise StateBackendError("Parquet cannot go to standard output; give a file name "
-                                "or use --format csv")
-    else:
-        write_parquet(frame, plan.view, args.state, args.output)
+    _write(frame, plan.view, args.state, fmt, args, out)
+    if args.output == "-":
+        return EXIT_OK  # standard output holds the data
     counts = {op: int((frame["operation"] == op).sum()) for op in ("put", "delete")}
     sources = {"changelog" if u.changelogs is not None else "compare" for u in plan.units}
     if args.json:

@@ -211,6 +211,8 @@ def test_metrics_are_recorded_beside_every_checkpoint(streaming_run):
     (["read", "{url}", OPERATOR, "--state", "nosuch", "-o", "{tmp}/x.csv"], 3,
      "has no state 'nosuch'; its states are ['count']"),
     (["read", "{url}", OPERATOR, "-o", "-", "--format", "parquet"], 2, "standard output"),
+    (["changes", "{url}", OPERATOR, "--from", "0", "--to", "1", "-o", "-", "--format",
+      "parquet"], 2, "standard output"),
 ])
 def test_errors_have_exit_codes_and_say_what_to_do(streaming_run, tmp_path, capsys, argv,
                                                    code, message):
