@@ -170,12 +170,15 @@ def try_adopt(store: DurableStore, lineage: Lineage, partition: int,
         return lineage, "none"
     try:
         published = read_manifest(store, ref.path(partition))
-    except (FileNotFoundError, CorruptStateError) as exc:
-        if isinstance(exc, CorruptStateError):
-            # not a base yet, so nothing is lost: on a store whose writes are not all or
-            # nothing it may be half-written (read again next batch); abandoned if it stays
-            log.warning("partition %d checkpoint %d: materialization %d unreadable (%s); "
-                        "not adopted", partition, checkpoint_id, ref.checkpoint_id, exc)
+    except FileNotFoundError:
+        published = None
+    except CorruptStateError as exc:
+        # not a base yet, so nothing is lost: on a store whose writes are not all or
+        # nothing it may be half-written (read again next batch); abandoned if it stays
+        log.warning("partition %d checkpoint %d: materialization %d unreadable (%s); "
+                    "not adopted", partition, checkpoint_id, ref.checkpoint_id, exc)
+        published = None
+    if published is None:
         if checkpoint_id - ref.checkpoint_id > pending_limit(interval) and not (
                 uploading is not None and uploading(ref)):
             log.warning("partition %d: materialization of checkpoint %d (attempt %s) never "

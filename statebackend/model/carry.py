@@ -27,8 +27,8 @@ from typing import Any
 
 from .manifest import CarriedFrom, PartitionManifest
 
-__all__ = ["carried_attempt", "carried_manifest", "carried_origin", "never_ran",
-           "origin_path", "peers_watermark"]
+__all__ = ["CARRIED_SOURCE", "carried_attempt", "carried_manifest", "carried_origin",
+           "never_ran", "origin_path"]
 
 #: The restore source a carried manifest reports (``metrics["restore"]["source"]``).
 CARRIED_SOURCE = "carried"
@@ -85,9 +85,3 @@ def never_ran(m: PartitionManifest | None) -> bool:
     """Whether ``m`` is (a carried copy of) an empty checkpoint written for a partition that
     has not run yet: its first task still starts as a first batch."""
     return m is not None and m.never_ran
-
-
-def peers_watermark(manifests: list[PartitionManifest]) -> int | None:
-    """The watermark a micro-batch ran with, from the manifests of partitions that ran it."""
-    wms = [int(m.watermark_ms) for m in manifests if m.watermark_ms is not None]
-    return max(wms) if wms else None
