@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-import pandas as pd
+import processors as P
 
 from statebackend.rocksdb import instance as rocks_instance
 from statebackend.rocksdb import options as rocks_options
@@ -47,11 +47,6 @@ _scoped("compact_bulk_load", rocks_instance, "BULK_LOAD_MIN_BYTES", BULK_LOAD_MI
 
 
 def vector_count(frames, state):
-    """Running count per key with whole-column state access."""
-    for pdf in frames:
-        g = pdf.groupby("k").size()
-        keys = pd.Series(g.index, name="k")
-        old = state.get(keys)["c"].fillna(0).astype("int64").to_numpy()
-        new = old + g.to_numpy()
-        state.put(keys, pd.DataFrame({"c": new}))
-        yield pd.DataFrame({"k": g.index, "v": new})
+    """The shared running count (:func:`processors.vector_count`), defined here so that a
+    worker unpickling it imports this module and its thresholds."""
+    yield from P.vector_count(frames, state)
