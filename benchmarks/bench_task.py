@@ -116,7 +116,7 @@ def run_batches(workdir: str, workload: str, batches: list[pd.DataFrame],
     times = []
     try:
         for b, pdf in enumerate(batches):
-            runner.task_identity = lambda _c, b=b: (b, 0, f"bench-{b}")
+            runner.task_identity = lambda _c, _partition, b=b: (b, 0, f"bench-{b}")
             t0 = time.perf_counter()
             if profile is not None:
                 profile.enable()

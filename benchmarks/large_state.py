@@ -177,7 +177,7 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
                 run.batches[-1]["uploaded_bytes"] = up0 - run.batches[-1].pop("_up0")
             for p in range(args.partitions):
                 sel = idx[part[idx] == p]
-                runner.task_identity = lambda _c, b=b, p=p: (b, p, f"b{b}-p{p}")
+                runner.task_identity = lambda _c, _partition, b=b, p=p: (b, p, f"b{b}-p{p}")
                 t0 = time.perf_counter()
                 for _ in runner.run_partition(
                         config, task_frames(all_keys[sel], kg[sel], args.value_bytes, rng),

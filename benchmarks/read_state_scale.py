@@ -83,7 +83,7 @@ def build(workdir: str, keys: int, partitions: int) -> str:
             k = all_keys[sel]
             frame = pd.DataFrame({"k": k, KG_COL: kg[sel],
                                   PTIME_COL: np.full(len(k), 1_700_000_000_000, np.int64)})
-            runner.task_identity = lambda _c, p=p: (0, p, f"build-p{p}")
+            runner.task_identity = lambda _c, _partition, p=p: (0, p, f"build-p{p}")
             for _ in runner.run_partition(config, iter([frame]), process):
                 pass
         if coord.try_complete(0) is None:

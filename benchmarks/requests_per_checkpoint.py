@@ -63,7 +63,7 @@ def run(workdir: str, partitions: int, batches: int, keys: int, mode: str) -> di
             for p in range(partitions):
                 rng = key_group_range(p, partitions, BT.MAXP)
                 part = pdf[(kg >= rng.start) & (kg <= rng.end)].reset_index(drop=True)
-                runner.task_identity = lambda _c, b=b, p=p: (b, p, f"t-{b}-{p}")
+                runner.task_identity = lambda _c, _partition, b=b, p=p: (b, p, f"t-{b}-{p}")
                 for _ in runner.run_partition(config, BT.arrow_batches(part), process):
                     pass
             before = store.request_counts()
