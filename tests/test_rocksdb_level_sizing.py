@@ -71,6 +71,16 @@ def test_nothing_derived_when_off_or_sized_elsewhere(opts: StateBackendOptions) 
     assert level_sizing(opts, 512 * MIB) is None
 
 
+def test_changelog_mode_sizes_levels_when_it_materializes_small_snapshots_inline() -> None:
+    # materialize_inline_ratio > 0 materializes about every batch, as incremental mode
+    # uploads: the slices a sized compaction rewrites are uploaded a few at a time
+    opts = StateBackendOptions.from_spark_conf({
+        "spark.statebackend.checkpoint-mode": "changelog",
+        "spark.statebackend.materialize-inline-ratio": "2"})
+    assert opts.materialize_inline_ratio == 2.0
+    assert level_sizing(opts, 512 * MIB) == level_sizing(S(), 512 * MIB) is not None
+
+
 def test_level_sizing_from_spark_conf() -> None:
     opts = StateBackendOptions.from_spark_conf(
         {"spark.statebackend.rocksdb.level-sizing": "false"})

@@ -33,6 +33,7 @@ from .materialize import (
     materialization_due,
     materialize_in_background,
     materialize_inline,
+    small_enough_inline,
     try_adopt,
     upload_materialization,
 )
@@ -114,10 +115,13 @@ class ChangelogUpload(CheckpointOperation):
                                            t.options.materialize_interval,
                                            self._materialization_uploading)
         self.inline = materialize_inline(lineage, self.stats.size)
-        if self.inline or materialization_due(lineage, n, self.stats.size,
-                                              t.options.materialize_interval,
-                                              t.options.materialize_changelog_ratio):
+        ratio = t.options.materialize_inline_ratio
+        if self.inline or (ratio > 0 and lineage.pending is None) or materialization_due(
+                lineage, n, self.stats.size, t.options.materialize_interval,
+                t.options.materialize_changelog_ratio):
             self.snapshot = t.snapshot_sync(self.instance, n, req.attempt)
+            self.inline = self.inline or small_enough_inline(
+                self.snapshot, lineage, self.stats.size, ratio)
             lineage = replace(lineage, pending=MaterializationRef(n, req.attempt))
         self.lineage = lineage
         self.sync_s = time.perf_counter() - self.t0

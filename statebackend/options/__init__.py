@@ -137,6 +137,16 @@ class StateBackendOptions:
         0.25, "checkpointing", "float", low=0.01, high=100.0, doc=(
             "Changelog mode: also materialize when the changelogs since the last "
             "materialization exceed this share of the materialized state's size (and 1 MiB)."))
+    materialize_inline_ratio: float = _opt(
+        0.0, "checkpointing", "float", low=0.0, high=100.0, doc=(
+            "Changelog mode, above 0: every batch without a materialization in flight takes "
+            "a snapshot; one whose new SST files are at most this many times the batch's "
+            "changelog (plus 64 KiB) is uploaded in the batch's critical path instead of "
+            "the changelog and adopted at once, a bigger one (a compaction's rewrite) is "
+            "materialized in the background. Level sizing then applies as in incremental "
+            "mode. 2 is the large-state setting measured in docs/options.md (\"Which mode "
+            "by default\"). 0: materializations only as `materialize_interval` and "
+            "`materialize_changelog_ratio` say, all in the background."))
     # --- local recovery ------------------------------------------------------------------
     local_recovery: bool = _opt(
         True, "local_recovery", "bool", doc=(
@@ -245,8 +255,9 @@ class StateBackendOptions:
             "RocksDB's dynamic target `B / 10`, and `target_file_size_base` = `B / 64` (at "
             "most 64 MiB), re-derived on the open instance as the state grows. Keeps "
             "obsolete versions near 10% of the data instead of up to 256 MiB per column "
-            "family. Incremental checkpoints only (in changelog mode a materialization would "
-            "upload the slices rewritten since the previous one: measured worse). Ignored "
+            "family. Incremental checkpoints, and changelog mode with "
+            "`materialize_inline_ratio` > 0 (with materializations ten batches apart one "
+            "would upload the slices rewritten since the previous one: measured worse). Ignored "
             "when a profile sets `max_bytes_for_level_base` or the compaction style is not "
             "level."))
     rocksdb_statistics: bool = _opt(

@@ -71,11 +71,13 @@ bottom level, 1.07x the data at 80 MB, leaner than any level in between):
   (measured 2-40 MB each) instead of the whole partition, and a snapshot shares most of
   its files with the previous one.
 
-Incremental checkpoints only. A changelog-mode materialization uploads every file written
-since the previous one, ten batches earlier by default; slices rewritten continuously
-replace most of the bottom level in that time, where RocksDB's own sizes rewrite it whole
-but rarely. Measured at 1 GiB (BENCHMARKS.md, issue 24): durable peak 2.48x the data
-sized against 2.06x unsized, local disk 3.69x against 2.44x.
+Incremental checkpoints, and changelog mode with ``materialize_inline_ratio > 0`` (a
+materialization about every batch, as incremental mode uploads: :func:`sizes_levels`).
+A changelog-mode materialization ten batches after the previous one uploads every file
+written in between; slices rewritten continuously replace most of the bottom level in that
+time, where RocksDB's own sizes rewrite it whole but rarely. Measured at 1 GiB
+(BENCHMARKS.md, issue 24): durable peak 2.48x the data sized against 2.06x unsized, local
+disk 3.69x against 2.44x, with materializations ten batches apart.
 """
 
 from __future__ import annotations
@@ -343,6 +345,12 @@ RESIZE_STEP = 0.25
 """Re-derive the level sizes when the bottom level moved by this share since the last time."""
 
 
+def sizes_levels(opts: StateBackendOptions) -> bool:
+    """Whether the checkpoint mode uploads snapshots often enough for level sizing: every
+    batch (incremental), or changelog mode materializing small snapshots inline."""
+    return opts.checkpoint_mode == "incremental" or opts.materialize_inline_ratio > 0
+
+
 def level_sizing(opts: StateBackendOptions, bottom_bytes: int,
                  applied_for: int | None = None) -> dict[str, str] | None:
     """Mutable RocksDB options sizing one column family's levels from its bottom level.
@@ -367,7 +375,7 @@ def level_sizing(opts: StateBackendOptions, bottom_bytes: int,
         :data:`RESIZE_STEP` of ``applied_for``, or under :data:`SIZED_FROM` with RocksDB's
         own sizes in force (a state shrunk below it gets them back).
     """
-    if (not opts.level_sizing or opts.checkpoint_mode != "incremental"
+    if (not opts.level_sizing or not sizes_levels(opts)
             or (bottom_bytes < SIZED_FROM and applied_for is None)):
         return None  # off, changelog mode, or (the common case) small state
     s = effective_settings(opts)

@@ -424,6 +424,101 @@ def test_a_batch_that_writes_more_than_its_state_materializes_in_its_critical_pa
     assert restore_durable(store, m2, opts) == model
 
 
+@pytest.mark.parametrize("ratio, interval", [(2.0, 10), (2.0, 1), (0.0, 1)])
+def test_small_materializations_go_in_the_critical_path_and_rewrites_to_the_background(
+        tmp_path: Path, background: Background, ratio: float, interval: int) -> None:
+    # materialize_inline_ratio: every batch takes a snapshot (whatever the interval); one
+    # that adds about the batch's own writes is uploaded instead of the changelog and
+    # adopted at once, one holding a compaction's rewrite of the state goes to the
+    # background. 0 (the default): materializations when due, all in the background.
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = options(materialize_interval=interval, materialize_inline_ratio=ratio)
+    model: Model = {}
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    inst, _ = cp.restore(None)
+    apply(inst, model, [("batch", "default", [(b"k%05d" % i, os.urandom(1024))
+                                              for i in range(3000)])])
+    m1, _ = cp.checkpoint(inst, 1, "a0", (0, 127))  # a load: inline whatever the ratio
+    assert m1.materialization == MaterializationRef(1, "a0")
+    cp.resume(m1, inst)  # the instance stays open, as a kept-open task's does
+
+    apply(inst, model, [("batch", "default", [(b"k%05d" % i, os.urandom(1024))
+                                              for i in range(0, 3000, 30)])])
+    m2, met2 = cp.checkpoint(inst, 2, "a0", (0, 127))
+    if ratio:
+        assert m2.materialization == MaterializationRef(2, "a0")
+        assert m2.pending_materialization is None and m2.changelog_files == ()
+        assert m2.metrics["changelog"]["materialized_inline"] is True
+        assert background.queue == []
+        # the batch's critical path: its flushed writes (100 x 1 KiB) and the small files
+        assert 100 * 1024 <= met2.bytes_uploaded < 2 * 100 * 1024 + 128 * 1024
+        # and only them: the load's files are reused
+        assert {f.path for f in m1.db_files if f.shared} & {f.path for f in m2.db_files}
+    else:
+        assert m2.pending_materialization == MaterializationRef(2, "a0")
+        assert [f.name for f in m2.changelog_files] == [changelog_name(2)]
+        assert len(background.queue) == 1
+        background.run_all()
+    assert restore_durable(store, m2, opts) == model
+    cp.resume(m2, inst)
+
+    # a compaction rewrites the whole state: its materialization goes to the background
+    apply(inst, model, [("put", "default", b"k00001", b"small")])
+    inst.db.compact_range(None, None)
+    m3, met3 = cp.checkpoint(inst, 3, "a0", (0, 127))
+    assert m3.pending_materialization == MaterializationRef(3, "a0")
+    assert [f.name for f in m3.changelog_files][-1] == changelog_name(3)
+    assert met3.bytes_uploaded == m3.changelog_files[-1].size < 4096
+    assert len(background.queue) == 1
+    assert restore_durable(store, m3, opts) == model
+    background.run_all()
+    cp.resume(m3, inst)
+
+    # adopted by the next batch, whose own snapshot is small again
+    apply(inst, model, [("put", "default", b"k00002", b"tiny")])
+    m4, _ = cp.checkpoint(inst, 4, "a0", (0, 127))
+    inst.close()
+    if ratio:
+        assert m4.materialization == MaterializationRef(4, "a0")
+        assert m4.changelog_files == () and background.queue == []
+    else:
+        assert m4.materialization == MaterializationRef(3, "a0")
+        assert m4.pending_materialization == MaterializationRef(4, "a0")
+    assert restore_durable(store, m4, opts) == model
+
+
+def test_a_reused_file_is_checked_once_per_inode(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A materialization reuses the files of the previous one whose checksum matches. A
+    # hard link to a file this process checked or uploaded has that checksum; a file
+    # rewritten in place (a new inode or modification time) is read again.
+    calls: list[str] = []
+    real = materialize_mod.file_crc32
+
+    def counting(path: str) -> tuple[int, str]:
+        calls.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(materialize_mod, "file_crc32", counting)
+    a = tmp_path / "a.sst"
+    a.write_bytes(b"x" * 1000)
+    first = materialize_mod.known_checksum(str(a))
+    assert first == real(str(a))[1] and calls == ["a.sst"]
+    os.link(a, tmp_path / "b.sst")
+    assert materialize_mod.known_checksum(str(tmp_path / "b.sst")) == first
+    assert calls == ["a.sst"]
+    (tmp_path / "c.sst").write_bytes(b"y" * 1000)
+    materialize_mod.remember_checksum(str(tmp_path / "c.sst"), "crc32:deadbeef")
+    assert materialize_mod.known_checksum(str(tmp_path / "c.sst")) == "crc32:deadbeef"
+    assert calls == ["a.sst"]
+    a.unlink()
+    (tmp_path / "b.sst").unlink()
+    a.write_bytes(b"z" * 1000)  # same name and size, other bytes and inode
+    os.utime(a, ns=(1, 1))
+    assert materialize_mod.known_checksum(str(a)) == real(str(a))[1] != first
+    assert calls == ["a.sst", "a.sst"]
+
+
 @pytest.mark.faults
 def test_changelog_uploaded_but_manifest_not_published(
         tmp_path: Path, background: Background, monkeypatch: pytest.MonkeyPatch) -> None:
