@@ -3,7 +3,9 @@ a load batch then small batches through ``map_in_pandas`` on Spark, with the thr
 lowered in the workers (``sizing_procs``). The checkpoint mode is the tests' default
 (``STATEBACKEND_TEST_CHECKPOINT_MODE`` runs it in changelog mode), and what each mode
 must leave in durable storage is asserted: the load's checkpoint holds no level-0 file in
-both modes; the level sizes are derived from the state in incremental mode only."""
+both modes; the level sizes are derived from the state in incremental mode, and in
+changelog mode only with ``materialize_inline_ratio`` (its own test, whatever the default
+mode), whose small batches then checkpoint as materializations of their own."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from harness import check_batches, run_stream, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.model.manifest import changelog_name
 from statebackend.storage import open_store, read_manifest
 from statebackend.storage.manifests import operator_store
 
@@ -107,3 +110,51 @@ def test_load_compacted_and_levels_sized_in_a_streaming_query(spark, tmp_path):
         assert all(m.mode == "changelog" and m.materialized_id == 0 for m in latest)
         assert all(len(m.changelog_files) == 5 for m in latest)
         assert all(_level_bases(state, m) == {ROCKSDB_BASE} for m in latest)
+
+
+def test_changelog_mode_with_inline_materializations_sizes_levels(spark, tmp_path):
+    # materialize_inline_ratio: a small batch's snapshot (its flush) is uploaded in its
+    # critical path instead of its changelog, so its checkpoint is a materialization of its
+    # own batch; a batch after which RocksDB compacted publishes its changelog and
+    # materializes in the background. The level sizes are derived as in incremental mode.
+    root = tmp_path / sizing_procs.MARKER
+    opts = StateBackendOptions(parallelism=2, local_dir=str(root / "local"), num_retained=6,
+                               checkpoint_mode="changelog", materialize_inline_ratio=2)
+    be = RocksDBStateBackend(str(root / "state"), opts)
+    data = _batches(seed=11)
+    write_batches(str(tmp_path / "in"), data)
+    ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
+                      lambda df: be.map_in_pandas(df, "k", sizing_procs.vector_count,
+                                                  "k STRING, v BIGINT", state_schema="c BIGINT",
+                                                  operator_id=OP),
+                      str(tmp_path / "ck"))
+    check_batches(ours, running_counts(data)[0])
+    be.complete(OP)
+
+    state = str(root / "state")
+    store = open_store(state)
+    restore_dir = str(tmp_path / "restore")
+    inline = 0
+    for n in range(6):
+        rec = be.coordinator(OP).get(n)
+        for _p, rel in sorted(rec.manifests.items()):
+            m = read_manifest(store, rel, operator_id=OP)
+            assert m.mode == "changelog", m.path
+            if m.materialized_id == n:
+                assert m.changelog_files == () and m.pending_materialization is None
+                assert m.metrics["changelog"]["materialized_inline"] is True
+                inline += n > 0
+            else:  # a compaction's rewrite, in the background
+                assert m.pending_materialization is not None, m.path
+                assert m.pending_materialization.checkpoint_id == n, m.path
+                assert m.changelog_files[-1].name == changelog_name(n), m.path
+            if n == 0:
+                assert _level0_files(state, opts, m, restore_dir) == 0, m.path
+            if n == 5:
+                bases = _level_bases(state, m)
+                assert bases - {ROCKSDB_BASE}, (m.path, bases)
+    assert inline >= 6, inline  # of the 10 small checkpoints (5 batches, 2 partitions)
+    # the state read back (the last batch's materialization) is every key's running count
+    rows = be.read_state(spark, OP, state_name="columnState").toPandas()
+    assert {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()} == \
+        running_counts(data)[1]
