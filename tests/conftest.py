@@ -32,6 +32,15 @@ if _MODE:
 
     inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["checkpoint_mode"] = _MODE
 
+# STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO=2 (with the changelog mode above) runs them
+# with small materializations in the critical path (materialize_inline_ratio), the same way.
+_INLINE = os.environ.get("STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO")
+if _INLINE:
+    from statebackend.options import StateBackendOptions
+
+    inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["materialize_inline_ratio"] = \
+        float(_INLINE)
+
 # STATEBACKEND_TEST_PLACEMENT=carrier runs the streaming tests with the carrier plan
 # (statebackend.spark.carrier) wherever options do not name a placement, the same way.
 _PLACEMENT = os.environ.get("STATEBACKEND_TEST_PLACEMENT")

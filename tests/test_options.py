@@ -152,7 +152,8 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
     # dict order or hash().
     code = ("from statebackend.options import StateBackendOptions as S; "
             "print(S(parallelism=4, compression_per_level=('snappy', 'zstd'), "
-            f"checkpoint_mode={o.checkpoint_mode!r}).fingerprint())")
+            f"checkpoint_mode={o.checkpoint_mode!r}, "
+            f"materialize_inline_ratio={o.materialize_inline_ratio!r}).fingerprint())")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, cwd=str(Path(__file__).resolve().parent.parent))

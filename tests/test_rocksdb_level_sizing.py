@@ -65,7 +65,7 @@ def test_resized_only_when_the_bottom_level_moved_by_a_quarter() -> None:
     # the profile sizes the base level itself (1 GiB): an explicit choice wins
     S(predefined_profile="SPINNING_DISK_OPTIMIZED_HIGH_MEM"),
     # a materialization would upload every slice rewritten since the previous one
-    S(checkpoint_mode="changelog"),
+    S(checkpoint_mode="changelog", materialize_inline_ratio=0),
 ])
 def test_nothing_derived_when_off_or_sized_elsewhere(opts: StateBackendOptions) -> None:
     assert level_sizing(opts, 512 * MIB) is None

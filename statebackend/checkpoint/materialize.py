@@ -292,9 +292,9 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
     """Upload ``snapshot``'s files not already durable in ``base_files`` and publish
     ``_MATERIALIZED.json`` (last, atomically: invariant 3).
 
-    ``background``: one file at a time, none started while a critical-path upload of the
-    process runs (:mod:`~statebackend.storage.priority`); else all at once, in parallel
-    (a materialization in a batch's critical path).
+    ``background``: :data:`BACKGROUND_FILES` at a time, none started while a
+    critical-path upload of the process runs (:mod:`~statebackend.storage.priority`); else
+    all at once, in parallel (a materialization in a batch's critical path).
     """
     t0 = time.perf_counter()
     n, p, attempt = snapshot.checkpoint_id, snapshot.partition, snapshot.attempt
@@ -312,19 +312,10 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
             uploads.append((f, local, check_relative(f"{adir}/{MATERIALIZED_PREFIX}{f.name}")))
     log.debug("materialization %d partition %d: %d file(s) reused after CRC (%.3f s), "
               "%d to upload", n, p, len(entries), time.perf_counter() - t0, len(uploads))
-    transfers, yielded = [], 0.0
     if background:
-        for i in range(0, len(uploads), BACKGROUND_FILES):
-            group = uploads[i:i + BACKGROUND_FILES]
-            w = yield_to_critical_path()
-            yielded += w
-            t1 = time.perf_counter()
-            transfers.extend(store.put_files([(local, path) for _f, local, path in group]))
-            log.debug("materialization %d partition %d: %s (%d bytes) waited %.3f s, "
-                      "uploaded in %.3f s", n, p, ",".join(f.name for f, _l, _p in group),
-                      sum(f.size for f, _l, _p in group), w, time.perf_counter() - t1)
+        transfers, yielded = _upload_in_background(store, uploads, n, p)
     else:
-        transfers = store.put_files([(local, path) for _f, local, path in uploads])
+        transfers, yielded = store.put_files([(local, path) for _f, local, path in uploads]), 0.0
     for (f, local, _path), t in zip(uploads, transfers):
         if t.size != f.size:
             raise OSError(f"materialization {n} partition {p}: {f.name} changed while "
@@ -347,6 +338,23 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
     log.info("materialization %d partition %d attempt %s: uploaded %d file(s), %d bytes",
              n, p, attempt, len(transfers), sum(t.size for t in transfers))
     return manifest
+
+
+def _upload_in_background(store: DurableStore, uploads: list, n: int, p: int
+                          ) -> tuple[list, float]:
+    """Upload ``(file, local, path)`` triples :data:`BACKGROUND_FILES` at a time, each group
+    after the process's critical-path uploads; the transfers and the seconds waited."""
+    transfers, yielded = [], 0.0
+    for i in range(0, len(uploads), BACKGROUND_FILES):
+        group = uploads[i:i + BACKGROUND_FILES]
+        w = yield_to_critical_path()
+        yielded += w
+        t1 = time.perf_counter()
+        transfers.extend(store.put_files([(local, path) for _f, local, path in group]))
+        log.debug("materialization %d partition %d: %s (%d bytes) waited %.3f s, "
+                  "uploaded in %.3f s", n, p, ",".join(f.name for f, _l, _p in group),
+                  sum(f.size for f, _l, _p in group), w, time.perf_counter() - t1)
+    return transfers, yielded
 
 
 def inflight_marker(copy_dir: str) -> str:

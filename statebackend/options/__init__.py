@@ -125,10 +125,9 @@ class StateBackendOptions:
             "full, self-contained snapshot."))
     checkpoint_mode: str = _opt(
         "incremental", "checkpointing", "choice", choices=CHECKPOINT_MODES, doc=(
-            "What a batch makes durable before it emits output: the new SST files of a "
-            "RocksDB snapshot (`incremental`), or only a changelog of its own writes "
-            "(`changelog`), snapshots being materialized in the background. See "
-            "\"Changelog checkpoints\" in docs/options.md."))
+            "What a batch makes durable before it emits output: a RocksDB snapshot's new "
+            "SST files (`incremental`), or a changelog of its writes (`changelog`, snapshots "
+            "materialized in the background). docs/options.md, \"Changelog checkpoints\"."))
     materialize_interval: int = _opt(
         10, "checkpointing", "int", low=1, high=1_000_000, doc=(
             "Changelog mode: materialize a snapshot in the background at least every this "
@@ -139,14 +138,10 @@ class StateBackendOptions:
             "materialization exceed this share of the materialized state's size (and 1 MiB)."))
     materialize_inline_ratio: float = _opt(
         0.0, "checkpointing", "float", low=0.0, high=100.0, doc=(
-            "Changelog mode, above 0: every batch without a materialization in flight takes "
-            "a snapshot; one whose new SST files are at most this many times the batch's "
-            "changelog (plus 64 KiB) is uploaded in the batch's critical path instead of "
-            "the changelog and adopted at once, a bigger one (a compaction's rewrite) is "
-            "materialized in the background. Level sizing then applies as in incremental "
-            "mode. 2 is the large-state setting measured in docs/options.md (\"Which mode "
-            "by default\"). 0: materializations only as `materialize_interval` and "
-            "`materialize_changelog_ratio` say, all in the background."))
+            "Changelog mode, above 0: each batch without a materialization in flight "
+            "snapshots; new SST files <= this x its changelog (+64 KiB) go in its critical "
+            "path instead of the changelog, a compaction's rewrite to the background; level "
+            "sizing applies. 2: the large-state setting of docs/options.md. 0: off."))
     # --- local recovery ------------------------------------------------------------------
     local_recovery: bool = _opt(
         True, "local_recovery", "bool", doc=(
@@ -255,9 +250,8 @@ class StateBackendOptions:
             "RocksDB's dynamic target `B / 10`, and `target_file_size_base` = `B / 64` (at "
             "most 64 MiB), re-derived on the open instance as the state grows. Keeps "
             "obsolete versions near 10% of the data instead of up to 256 MiB per column "
-            "family. Incremental checkpoints, and changelog mode with "
-            "`materialize_inline_ratio` > 0 (with materializations ten batches apart one "
-            "would upload the slices rewritten since the previous one: measured worse). Ignored "
+            "family. Incremental mode, and changelog mode with `materialize_inline_ratio` "
+            "(materializations ten batches apart upload more: measured). Ignored "
             "when a profile sets `max_bytes_for_level_base` or the compaction style is not "
             "level."))
     rocksdb_statistics: bool = _opt(

@@ -162,7 +162,9 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Background:
 
 
 def options(**kw: Any) -> StateBackendOptions:
-    return StateBackendOptions(checkpoint_mode="changelog", **kw)
+    """Changelog mode, materializing in the background unless a test says otherwise."""
+    return StateBackendOptions(**{"checkpoint_mode": "changelog",
+                                  "materialize_inline_ratio": 0.0, **kw})
 
 
 def restore_durable(store: Any, m: PartitionManifest | None, opts: StateBackendOptions

@@ -94,7 +94,8 @@ def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
     from statebackend.storage import open_store
 
     store = open_store(f"{root}/durable", backoff_s=0.0)
-    kw = {"checkpoint_mode": mode, "materialize_interval": 2} if mode == "changelog" else {}
+    kw = ({"checkpoint_mode": mode, "materialize_interval": 2, "materialize_inline_ratio": 0.0}
+          if mode == "changelog" else {})
     opts = StateBackendOptions(max_parallelism=BUILT_MAXP, local_dir=f"{root}/local", **kw)
     coord = CheckpointCoordinator(store, BUILT_OPERATOR, parallelism=parallelism,
                                   max_parallelism=BUILT_MAXP, num_retained=10)

@@ -102,19 +102,33 @@ def test_a_checkpoint_holds_the_critical_path_through_its_uploads(
     from statebackend.checkpoint.materialize import wait_for_materializations
     from statebackend.storage.fsspec_store import FsspecStore
 
+    from statebackend.checkpoint import materialize as materialize_mod
+
     during: list[tuple[bool, int]] = []  # (a background materialization's, blocks running)
     put_file = FsspecStore.put_file
+    # the background uploads several files at once on the store's upload threads: a file
+    # is the background's while its group uploads
+    background_group = threading.Event()
+    in_background = materialize_mod._upload_in_background
+
+    def marked(*args: Any) -> Any:
+        background_group.set()
+        try:
+            return in_background(*args)
+        finally:
+            background_group.clear()
 
     def recorded(self: Any, local_path: str, path: str) -> Any:
-        background = threading.current_thread().name.startswith("sb-materialize")
-        during.append((background, critical_uploads()))
+        during.append((background_group.is_set(), critical_uploads()))
         return put_file(self, local_path, path)
 
     monkeypatch.setattr(FsspecStore, "put_file", recorded)
+    monkeypatch.setattr(materialize_mod, "_upload_in_background", marked)
     for mode in ("incremental", "changelog"):
         during.clear()
         cp = PartitionCheckpointer(open_store(str(tmp_path / mode / "durable")), "op", 0,
-                                   StateBackendOptions(checkpoint_mode=mode),
+                                   StateBackendOptions(checkpoint_mode=mode,
+                                                       materialize_inline_ratio=0),
                                    str(tmp_path / mode / "local"))
         inst, _ = cp.restore(None)
         inst.write({"default": {b"k%d" % i: b"v" for i in range(100)}})
