@@ -99,10 +99,9 @@ def test_background_materialization_starts_no_file_during_a_checkpoint_upload(
 
 def test_a_checkpoint_holds_the_critical_path_through_its_uploads(
         tmp_path: Path, monkeypatch: Any) -> None:
+    from statebackend.checkpoint import materialize as materialize_mod
     from statebackend.checkpoint.materialize import wait_for_materializations
     from statebackend.storage.fsspec_store import FsspecStore
-
-    from statebackend.checkpoint import materialize as materialize_mod
 
     during: list[tuple[bool, int]] = []  # (a background materialization's, blocks running)
     put_file = FsspecStore.put_file
