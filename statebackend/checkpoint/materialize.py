@@ -157,8 +157,8 @@ def small_enough_inline(snapshot: LocalSnapshot, lineage: Lineage, own_changelog
     """Whether the materialization of ``snapshot`` costs the critical path so little more
     than the batch's changelog that it goes there (see :func:`materialize_inline`): new
     SST files at most ``ratio`` times the changelog plus :data:`INLINE_SLACK_BYTES` (0:
-    never). The few kB of MANIFEST,
-    OPTIONS and CURRENT go along, as in every incremental checkpoint.
+    never). The few kB of MANIFEST, OPTIONS and CURRENT go along, as in every incremental
+    checkpoint.
 
     With level compaction most batches' snapshots differ from the last materialization by
     about the flushed memtable, the batch's own writes: uploading that instead of the

@@ -358,9 +358,9 @@ def level_sizing(opts: StateBackendOptions, bottom_bytes: int,
     Parameters
     ----------
     opts : StateBackendOptions
-        ``level_sizing`` off, ``checkpoint_mode`` other than incremental, an explicit
-        ``compaction_style`` other than level, or a profile that sets
-        ``max_bytes_for_level_base`` itself: nothing is derived.
+        ``level_sizing`` off, changelog mode without ``materialize_inline_ratio``
+        (:func:`sizes_levels`), an explicit ``compaction_style`` other than level, or a
+        profile that sets ``max_bytes_for_level_base`` itself: nothing is derived.
     bottom_bytes : int
         The column family's live data (``rocksdb.estimate-live-data-size``: the bottom
         level and the files no lower file overlaps).
