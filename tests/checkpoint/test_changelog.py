@@ -120,6 +120,14 @@ class Dying:
         self.store.put_files(list(pairs)[:1])
         raise StorageError("injected: worker died mid-materialization")
 
+    def put_file(self, local_path: str, path: str) -> Any:
+        # the background uploads a group of files at once on threads of its own: the
+        # first lands, the others die with the worker
+        if not getattr(self, "landed", False):
+            self.landed = True
+            return self.store.put_file(local_path, path)
+        raise StorageError("injected: worker died mid-materialization")
+
 
 class Background:
     """Stands in for the worker's materialization thread: the test decides when (or

@@ -54,6 +54,10 @@ class Recording:
         self.during.extend(critical_uploads() for _ in pairs)
         return self.store.put_files(pairs)
 
+    def put_file(self, local_path: str, path: str) -> Any:
+        self.during.append(critical_uploads())
+        return self.store.put_file(local_path, path)
+
 
 def _snapshot(tmp_path: Path, files: int) -> Any:
     cp = PartitionCheckpointer(open_store(str(tmp_path / "unused")), "op", 0,
@@ -139,3 +143,49 @@ def test_a_checkpoint_holds_the_critical_path_through_its_uploads(
         assert {c for bg, c in during if not bg} == {1}, mode
         assert {c for bg, c in during if bg} == ({0} if mode == "changelog" else set())
         assert critical_uploads() == 0
+
+
+def test_a_checkpoint_upload_does_not_queue_behind_a_background_group(tmp_path: Path) -> None:
+    # A background group holds its uploads on the materialization's own threads: the
+    # store's upload threads stay free for the next batch's changelog.
+    snap = _snapshot(tmp_path, 6)
+    durable = open_store(str(tmp_path / "durable"))
+    release, started = threading.Event(), threading.Event()
+
+    class Slow:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(durable, name)
+
+        def put_file(self, local_path: str, path: str) -> Any:
+            started.set()
+            assert release.wait(30)
+            return durable.put_file(local_path, path)
+
+        def put_files(self, pairs: Any) -> Any:  # on the store's upload threads
+            return durable._run_all(durable._pool(upload=True),
+                                    [(self.put_file, pair, {}) for pair in pairs])
+
+    result: dict[str, Any] = {}
+    bg = threading.Thread(target=lambda: result.setdefault("m", upload_materialization(
+        Slow(), snap, (), key_group_range=(0, 127), max_parallelism=128)))
+    bg.start()
+    try:
+        assert started.wait(30)
+        local = tmp_path / "changelog"
+        local.write_bytes(b"x" * 1000)
+        done = threading.Event()
+
+        def checkpoint() -> None:
+            with critical_path():
+                durable.put_files([(str(local), f"chk/{i}") for i in range(8)])
+            done.set()
+
+        threading.Thread(target=checkpoint).start()
+        # every background file of the group is still blocked, yet the checkpoint's
+        # eight uploads (the store's four threads, twice) went through
+        assert done.wait(10)
+        assert not release.is_set() and "m" not in result
+    finally:
+        release.set()
+        bg.join(30)
+    assert result["m"].metrics["files_uploaded"] == len(snap.files)
