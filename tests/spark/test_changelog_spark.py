@@ -20,29 +20,31 @@ SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 
 
-def backend(tmp_path, keep_open: bool) -> RocksDBStateBackend:
+def backend(tmp_path, keep_open: bool, ratio: float = 0.0) -> RocksDBStateBackend:
     return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
         parallelism=2, local_dir=str(tmp_path / "local"), checkpoint_mode="changelog",
-        materialize_interval=2, keep_instances_open=keep_open))
+        materialize_interval=2, keep_instances_open=keep_open,
+        materialize_inline_ratio=ratio))
 
 
-# keep_open: instances stay open in the workers between batches and resume recording
-@pytest.mark.parametrize("keep_open", [False, True])
+# keep_open: instances stay open in the workers between batches and resume recording;
+# ratio 2: small batches checkpoint as their own materializations (materialize_inline_ratio)
+@pytest.mark.parametrize("keep_open, ratio", [(False, 0.0), (True, 0.0), (False, 2.0)])
 def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(spark, tmp_path,
-                                                                               keep_open):
+                                                                               keep_open, ratio):
     data = random_batches(6, seed=17)
     in_dir, ck = str(tmp_path / "in"), str(tmp_path / "ck")
     write_batches(in_dir, data[:3])
     # FailOnce: partition 0's first attempt of batch 1 fails after updating state
     first = run_stream(spark, in_dir, SCHEMA,
-                       lambda df: backend(tmp_path, keep_open).transform_with_state(
+                       lambda df: backend(tmp_path, keep_open, ratio).transform_with_state(
                            df.groupBy("k"), P.FailOnce(), OUT, operator_id="rc"), ck)
     # the machine is lost while the query is down: working directories, local copies and
     # local changelogs are gone; restore is materialization + changelog replay from durable
     if not keep_open:  # (kept-open instances would outlive a real machine loss's processes)
         shutil.rmtree(tmp_path / "local")
     write_batches(in_dir, data[3:], start=3)
-    be = backend(tmp_path, keep_open)
+    be = backend(tmp_path, keep_open, ratio)
     second = run_stream(spark, in_dir, SCHEMA,
                         lambda df: be.transform_with_state(
                             df.groupBy("k"), P.RunningCount(), OUT, operator_id="rc"), ck)
@@ -58,6 +60,8 @@ def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(s
     problems, nfiles, _ = verify_checkpoints(store, "rc")
     assert problems == [] and nfiles > 0
     manifests = [read_manifest(store, rel, operator_id="rc") for rel in rec.manifests.values()]
-    assert all(m.mode == "changelog" and m.changelog_files for m in manifests)
-    # materializations ran in the workers' background threads and were adopted
-    assert all(m.materialization is not None for m in manifests)
+    assert all(m.mode == "changelog" and m.materialization is not None for m in manifests)
+    if ratio:  # the last batch's small snapshot: its own materialization, no changelog
+        assert all(m.materialized_id == 5 and not m.changelog_files for m in manifests)
+    else:  # materializations ran in the workers' background threads and were adopted
+        assert all(m.changelog_files for m in manifests)

@@ -69,7 +69,8 @@ def _level_bases(be_root: str, manifest) -> set[str]:
 
 def test_load_compacted_and_levels_sized_in_a_streaming_query(spark, tmp_path):
     root = tmp_path / sizing_procs.MARKER
-    opts = StateBackendOptions(parallelism=2, local_dir=str(root / "local"), num_retained=6)
+    opts = StateBackendOptions(parallelism=2, local_dir=str(root / "local"), num_retained=6,
+                               materialize_inline_ratio=0)  # the inline ratio: its own test
     be = RocksDBStateBackend(str(root / "state"), opts)
     data = _batches()
     write_batches(str(tmp_path / "in"), data)

@@ -13,6 +13,7 @@ from harness import run_stream, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import CheckpointNotFoundError, StateError
+from statebackend.storage import open_store, read_manifest
 
 pytestmark = pytest.mark.spark
 
@@ -111,11 +112,19 @@ def test_checkpoint_metrics_from_the_python_api(run):
     assert len(s.partitions) == 2 and s.full_size == sum(p.full_size for p in s.partitions)
     assert s.restore_sources and sum(s.restore_sources.values()) == 2
     assert s.rocksdb["estimated_keys"] >= len(KEYS)
-    # object-store requests: a PUT per file written plus the manifest's, and no listing
-    assert s.requests["checkpoint"]["put"] == s.files_uploaded + len(s.partitions)
+    # object-store requests: a PUT per file written plus the manifest's, and no listing;
+    # a checkpoint materialized in its critical path (materialize_inline_ratio) also
+    # writes its materialization's manifest
+    store = open_store(be.checkpoint_location)
+    inline = {m.partition: int(bool((m.metrics.get("changelog") or {})
+                                    .get("materialized_inline")))
+              for m in (read_manifest(store, rel, operator_id="all")
+                        for rel in be.coordinator("all").latest().manifests.values())}
+    assert s.requests["checkpoint"]["put"] == \
+        s.files_uploaded + len(s.partitions) + sum(inline.values())
     assert s.requests["checkpoint"]["list"] == 0 and "restore" in s.requests
     for p in s.partitions:
-        assert p.requests["checkpoint"]["put"] == p.files_uploaded + 1
+        assert p.requests["checkpoint"]["put"] == p.files_uploaded + 1 + inline[p.partition]
     for p in s.partitions:  # where each task's time went, stage by stage
         assert set(p.task_ms) == {"input", "restore", "group", "process", "flush"}
         assert all(v >= 0 for v in p.task_ms.values())

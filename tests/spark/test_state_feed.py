@@ -38,7 +38,7 @@ def run(spark, tmp_path_factory, request):
     # pairs of checkpoints share a base (changelogs) and others do not (comparison)
     be = RocksDBStateBackend(str(root / "state"), StateBackendOptions(
         parallelism=2, local_dir=str(root / "local"), num_retained=BATCHES + 1,
-        checkpoint_mode=request.param, materialize_interval=3))
+        checkpoint_mode=request.param, materialize_interval=3, materialize_inline_ratio=0))
     run_stream(spark, str(root / "in"), SCHEMA,
                lambda df: be.transform_with_state(df.groupBy("k"), F.FeedStates(), OUT,
                                                   "Update", "ProcessingTime",
