@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from ..errors import CorruptStateError
@@ -40,7 +40,7 @@ from ..model.manifest import (
     changelog_id,
     check_relative,
 )
-from ..storage.base import DurableStore, Transfer
+from ..storage.base import DurableStore
 from ..storage.checksum import file_crc32
 from ..storage.manifests import read_manifest
 from ..storage.priority import yield_to_critical_path
@@ -340,38 +340,19 @@ def upload_materialization(store: DurableStore, snapshot: LocalSnapshot,
     return manifest
 
 
-_UPLOADS: ThreadPoolExecutor | None = None
-
-
-def _put_group(store: DurableStore, group: list) -> list[Transfer]:
-    """Upload one group on the materialization's own threads: not the store's upload
-    threads, where a batch's changelog would queue behind them. Every upload has ended
-    when this returns or raises."""
-    global _UPLOADS
-    with _POOL_LOCK:
-        if _UPLOADS is None:
-            _UPLOADS = ThreadPoolExecutor(BACKGROUND_FILES,
-                                          thread_name_prefix="sb-materialize-up")
-        pool = _UPLOADS
-    futures = [pool.submit(store.put_file, local, path) for _f, local, path in group]
-    wait(futures)
-    for f in futures:
-        if f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
-    return [f.result() for f in futures]
-
-
 def _upload_in_background(store: DurableStore, uploads: list, n: int, p: int
                           ) -> tuple[list, float]:
     """Upload ``(file, local, path)`` triples :data:`BACKGROUND_FILES` at a time, each group
-    after the process's critical-path uploads; the transfers and the seconds waited."""
+    after the process's critical-path uploads and on the store's background threads; the
+    transfers and the seconds waited."""
     transfers, yielded = [], 0.0
     for i in range(0, len(uploads), BACKGROUND_FILES):
         group = uploads[i:i + BACKGROUND_FILES]
         w = yield_to_critical_path()
         yielded += w
         t1 = time.perf_counter()
-        transfers.extend(_put_group(store, group))
+        transfers.extend(store.put_files([(local, path) for _f, local, path in group],
+                                         background=True))
         log.debug("materialization %d partition %d: %s (%d bytes) waited %.3f s, "
                   "uploaded in %.3f s", n, p, ",".join(f.name for f, _l, _p in group),
                   sum(f.size for f, _l, _p in group), w, time.perf_counter() - t1)

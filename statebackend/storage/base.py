@@ -78,10 +78,14 @@ class DurableStore(ABC):
     # Implementations override these with parallel or cheaper versions; the defaults keep
     # minimal stores (test doubles) usable.
 
-    def put_files(self, pairs: Iterable[tuple[str, str]]) -> list[Transfer]:
+    def put_files(self, pairs: Iterable[tuple[str, str]], *,
+                  background: bool = False) -> list[Transfer]:
         """Upload ``(local_path, path)`` pairs; results in input order.
 
         All transfers have finished (or been cancelled) when this returns or raises.
+        ``background``: uploads no batch waits for (a background materialization), on
+        threads of their own where the store has a pool, so that a batch's uploads never
+        queue behind them.
         """
         return [self.put_file(local, path) for local, path in pairs]
 

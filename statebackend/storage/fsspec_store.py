@@ -67,6 +67,16 @@ def _is_transient(exc: BaseException) -> bool:
     return any(w in name for w in ("timeout", "connection", "throttl", "slowdown", "unavailable"))
 
 
+_POOLS = {  # kind of transfer -> (attribute holding its thread count, thread name prefix)
+    "upload": ("upload_threads", "sb-upload"),
+    # uploads no critical path waits for (put_files(background=True)): threads of their
+    # own, so a batch's upload never queues behind them
+    "background": ("upload_threads", "sb-upload-bg"),
+    "download": ("download_threads", "sb-download"),
+    "read": ("read_threads", "sb-read"),
+}
+
+
 class FsspecStore(DurableStore):
     """Durable storage rooted at an fsspec URL.
 
@@ -122,10 +132,7 @@ class FsspecStore(DurableStore):
         self._given_fs = fs
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
-        self._up_pool: ThreadPoolExecutor | None = None
-        self._down_pool: ThreadPoolExecutor | None = None
-        self._read_pool: ThreadPoolExecutor | None = None
-        self._owns_pools = True
+        self._pools: dict[str, ThreadPoolExecutor] = {}  # by kind (_POOLS), made lazily
         fs_, root = self._resolve()
         self._fs = fs_
         self.root = root
@@ -162,31 +169,22 @@ class FsspecStore(DurableStore):
         this process."""
         return self.requests.snapshot()
 
-    def _reads(self) -> ThreadPoolExecutor:
+    def _pool(self, kind: str) -> ThreadPoolExecutor:
+        """The thread pool of one kind of transfer (:data:`_POOLS`)."""
         with self._lock:
-            if self._read_pool is None:
-                self._read_pool = ThreadPoolExecutor(self.read_threads,
-                                                     thread_name_prefix="sb-read")
-            return self._read_pool
-
-    def _pool(self, upload: bool) -> ThreadPoolExecutor:
-        with self._lock:
-            if upload:
-                if self._up_pool is None:
-                    self._up_pool = ThreadPoolExecutor(self.upload_threads,
-                                                       thread_name_prefix="sb-upload")
-                return self._up_pool
-            if self._down_pool is None:
-                self._down_pool = ThreadPoolExecutor(self.download_threads,
-                                                     thread_name_prefix="sb-download")
-            return self._down_pool
+            pool = self._pools.get(kind)
+            if pool is None:
+                threads, prefix = _POOLS[kind]
+                pool = self._pools[kind] = ThreadPoolExecutor(getattr(self, threads),
+                                                              thread_name_prefix=prefix)
+            return pool
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Handles, pools and locks do not survive pickling; rebuilt lazily on first use.
-        for k in ("_fs", "_up_pool", "_down_pool", "_read_pool", "_lock", "requests"):
+        for k in ("_fs", "_lock", "requests"):
             state[k] = None
-        state["_owns_pools"] = True
+        state["_pools"] = {}
         if state["_given_fs"] is not None:
             # An injected filesystem pickles only if it can (fsspec filesystems do).
             pass
@@ -423,7 +421,7 @@ class FsspecStore(DurableStore):
         paths = list(paths)
         if len(paths) <= 1:
             return [fn(p) for p in paths]
-        return list(self._reads().map(fn, paths))
+        return list(self._pool("read").map(fn, paths))
 
     def exists(self, path: str) -> bool:
         return self.size(path) is not None
@@ -467,16 +465,17 @@ class FsspecStore(DurableStore):
 
     # --- parallel helpers -------------------------------------------------------------
 
-    def put_files(self, pairs: Iterable[tuple[str, str]]) -> list[Transfer]:
+    def put_files(self, pairs: Iterable[tuple[str, str]], *,
+                  background: bool = False) -> list[Transfer]:
         jobs: list[_Job] = [(self.put_file, (local, path), {}) for local, path in pairs]
-        return self._run_all(self._pool(upload=True), jobs)
+        return self._run_all(self._pool("background" if background else "upload"), jobs)
 
     def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
         jobs: list[_Job] = []
         for item in items:
             path, local, size, checksum = _expand_get(item)
             jobs.append((self.get_file, (path, local), {"size": size, "checksum": checksum}))
-        return self._run_all(self._pool(upload=False), jobs)
+        return self._run_all(self._pool("download"), jobs)
 
     @staticmethod
     def _run_all(pool: ThreadPoolExecutor, jobs: list[_Job]) -> list[Transfer]:
@@ -505,21 +504,16 @@ class FsspecStore(DurableStore):
         new._lock = threading.Lock()
         # The child shares the parent's filesystem but uses its own pools, so closing one
         # never breaks the other.
-        new._up_pool = None
-        new._down_pool = None
-        new._read_pool = None
+        new._pools = {}
         if self._given_fs is None:
             new._fs = self._fs
         return new
 
     def close(self) -> None:
         with self._lock:
-            for pool in (self._up_pool, self._down_pool, self._read_pool):
-                if pool is not None:
-                    pool.shutdown(wait=True)
-            self._up_pool = None
-            self._down_pool = None
-            self._read_pool = None
+            for pool in self._pools.values():
+                pool.shutdown(wait=True)
+            self._pools = {}
 
 
 def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,

@@ -116,16 +116,8 @@ class Dying:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    def put_files(self, pairs: Any) -> Any:
-        self.store.put_files(list(pairs)[:1])
-        raise StorageError("injected: worker died mid-materialization")
-
-    def put_file(self, local_path: str, path: str) -> Any:
-        # the background uploads a group of files at once on threads of its own: the
-        # first lands, the others die with the worker
-        if not getattr(self, "landed", False):
-            self.landed = True
-            return self.store.put_file(local_path, path)
+    def put_files(self, pairs: Any, **kw: Any) -> Any:
+        self.store.put_files(list(pairs)[:1], **kw)
         raise StorageError("injected: worker died mid-materialization")
 
 
