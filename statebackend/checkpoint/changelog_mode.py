@@ -115,13 +115,13 @@ class ChangelogUpload(CheckpointOperation):
                                            t.options.materialize_interval,
                                            self._materialization_uploading)
         self.inline = materialize_inline(lineage, self.stats.size)
-        ratio = t.options.materialize_inline_ratio
-        if self.inline or (ratio > 0 and lineage.pending is None) or materialization_due(
-                lineage, n, self.stats.size, t.options.materialize_interval,
-                t.options.materialize_changelog_ratio):
+        o = t.options
+        if self.inline or materialization_due(
+                lineage, n, self.stats.size, o.materialize_interval,
+                o.materialize_changelog_ratio, o.materialize_inline_ratio):
             self.snapshot = t.snapshot_sync(self.instance, n, req.attempt)
             self.inline = self.inline or small_enough_inline(
-                self.snapshot, lineage, self.stats.size, ratio)
+                self.snapshot, lineage, self.stats.size, o.materialize_inline_ratio)
             lineage = replace(lineage, pending=MaterializationRef(n, req.attempt))
         self.lineage = lineage
         self.sync_s = time.perf_counter() - self.t0

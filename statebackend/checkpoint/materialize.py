@@ -121,12 +121,14 @@ class Lineage:
 
 
 def materialization_due(lineage: Lineage, checkpoint_id: int, own_changelog: int,
-                        interval: int, ratio: float) -> bool:
-    """Whether batch ``checkpoint_id`` starts a materialization (none may be pending)."""
+                        interval: int, ratio: float, inline_ratio: float = 0.0) -> bool:
+    """Whether batch ``checkpoint_id`` starts a materialization (none may be pending):
+    every batch with ``inline_ratio`` (``materialize_inline_ratio``) above 0, else after
+    ``interval`` batches or changelogs over ``ratio`` of the materialized state."""
     if lineage.pending is not None:
         return False
     since = lineage.materialized_id
-    if since is None or checkpoint_id - since >= interval:
+    if inline_ratio > 0 or since is None or checkpoint_id - since >= interval:
         return True
     grown = lineage.changelog_size + own_changelog
     return grown > max(MIN_CHANGELOG_BYTES, ratio * lineage.materialized_size)

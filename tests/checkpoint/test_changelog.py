@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -614,6 +615,10 @@ def test_lineage_of_an_incremental_manifest_is_its_own_materialization(tmp_path:
     assert not materialization_due(lin, 2, 10, interval=5, ratio=0.5)
     assert materialization_due(lin, 6, 10, interval=5, ratio=0.5)
     assert materialization_due(Lineage.of(None), 1, 0, interval=5, ratio=0.5)
+    # materialize_inline_ratio: every batch, unless one is pending
+    assert materialization_due(lin, 2, 10, interval=5, ratio=0.5, inline_ratio=2.0)
+    assert not materialization_due(replace(lin, pending=MaterializationRef(2, "a0")), 3, 10,
+                                   interval=5, ratio=0.5, inline_ratio=2.0)
     # switching modes both ways keeps the state
     m2 = _batch(store, tmp_path, options(), inc, 2, model)
     assert m2.materialization == MaterializationRef(1, "a0")
