@@ -67,12 +67,15 @@ def _level_bases(be_root: str, manifest) -> set[str]:
     return set(re.findall(r"max_bytes_for_level_base=(\d+)", text))
 
 
-def test_load_compacted_and_levels_sized_in_a_streaming_query(spark, tmp_path):
+def _run_query(spark, tmp_path, seed: int, **options):
+    """The load and five small batches through map_in_pandas with ``options``, checked
+    against the running counts and completed; the backend, its options, its state
+    location and its durable store."""
     root = tmp_path / sizing_procs.MARKER
     opts = StateBackendOptions(parallelism=2, local_dir=str(root / "local"), num_retained=6,
-                               materialize_inline_ratio=0)  # the inline ratio: its own test
+                               **options)
     be = RocksDBStateBackend(str(root / "state"), opts)
-    data = _batches()
+    data = _batches(seed)
     write_batches(str(tmp_path / "in"), data)
     ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
                       lambda df: be.map_in_pandas(df, "k", sizing_procs.vector_count,
@@ -81,9 +84,13 @@ def test_load_compacted_and_levels_sized_in_a_streaming_query(spark, tmp_path):
                       str(tmp_path / "ck"))
     check_batches(ours, running_counts(data)[0])
     be.complete(OP)
-
     state = str(root / "state")
-    store = open_store(state)
+    return be, opts, data, state, open_store(state)
+
+
+def test_load_compacted_and_levels_sized_in_a_streaming_query(spark, tmp_path):
+    # (the inline ratio: its own test)
+    be, opts, _data, state, store = _run_query(spark, tmp_path, 5, materialize_inline_ratio=0)
     records = {n: be.coordinator(OP).get(n) for n in (0, 1, 5)}
     manifests = {n: [read_manifest(store, rel, operator_id=OP)
                      for _p, rel in sorted(rec.manifests.items())]
@@ -118,22 +125,8 @@ def test_changelog_mode_with_inline_materializations_sizes_levels(spark, tmp_pat
     # critical path instead of its changelog, so its checkpoint is a materialization of its
     # own batch; a batch after which RocksDB compacted publishes its changelog and
     # materializes in the background. The level sizes are derived as in incremental mode.
-    root = tmp_path / sizing_procs.MARKER
-    opts = StateBackendOptions(parallelism=2, local_dir=str(root / "local"), num_retained=6,
-                               checkpoint_mode="changelog", materialize_inline_ratio=2)
-    be = RocksDBStateBackend(str(root / "state"), opts)
-    data = _batches(seed=11)
-    write_batches(str(tmp_path / "in"), data)
-    ours = run_stream(spark, str(tmp_path / "in"), "k STRING, x BIGINT, ts TIMESTAMP",
-                      lambda df: be.map_in_pandas(df, "k", sizing_procs.vector_count,
-                                                  "k STRING, v BIGINT", state_schema="c BIGINT",
-                                                  operator_id=OP),
-                      str(tmp_path / "ck"))
-    check_batches(ours, running_counts(data)[0])
-    be.complete(OP)
-
-    state = str(root / "state")
-    store = open_store(state)
+    be, opts, data, state, store = _run_query(spark, tmp_path, 11, checkpoint_mode="changelog",
+                                              materialize_inline_ratio=2)
     restore_dir = str(tmp_path / "restore")
     inline = 0
     for n in range(6):
