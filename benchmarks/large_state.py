@@ -42,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,11 @@ def disk_bytes(path: str) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
     return total
+
+
+def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
+    """How often each value of the per-partition lists ``row[key]`` occurs in ``rows``."""
+    return dict(Counter(v for r in rows for v in r.get(key, ())))
 
 
 def options_for(args: argparse.Namespace, local: str, keep_open: bool) -> StateBackendOptions:
@@ -195,6 +201,7 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
             critical = sum(int(m.metrics.get("bytes_uploaded", 0)) for m in manifests)
             l0 = [int((m.metrics.get("rocksdb") or {}).get("l0_files", -1)) for m in manifests]
             sources = [m.metrics["restore"]["source"] for m in manifests]
+            modes = [m.mode for m in manifests]  # checkpoint_mode "auto" chooses per batch
             live = sum(m.full_size for m in manifests)
             # referenced, split: the base's SST files (RocksDB's obsolete versions included)
             # and the changelogs replayed onto it; which base, and how stale (changelog mode)
@@ -205,7 +212,8 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
             row = {"batch": b, "latency_s": sum(task_s), "task_s": task_s,
                    "critical_bytes": critical, "_up0": up0,
                    "changed_bytes": len(idx) * entry_bytes, "l0_files": max(l0),
-                   "l0_per_partition": l0, "sources": sources, "live_bytes": live,
+                   "l0_per_partition": l0, "sources": sources, "modes": modes,
+                   "live_bytes": live,
                    # keys and values once each, as RocksDB stores them (key group + 8-byte
                    # key + a one-byte column tag: 16 bytes of key per entry)
                    "logical_bytes": args.keys * (KEY_BYTES + args.value_bytes),
@@ -389,8 +397,8 @@ def summary(run: Run) -> dict[str, Any]:
         "restore_s": run.restore.get("seconds"),
         "restore_over_floor": (run.restore["seconds"] / run.restore["download_floor_s"]
                                if run.restore.get("download_floor_s") else None),
-        "sources": {s: sum(r["sources"].count(s) for r in steady)
-                    for s in {s for r in steady for s in r["sources"]}},
+        "sources": _counts(steady, "sources"),
+        "modes": _counts(steady, "modes"),
         "memory": run.memory,
     }
 
@@ -437,7 +445,7 @@ def print_run(run: Run) -> None:
           f"(peak {m['rss_max_bytes'] / 2**20:.0f}), block cache {m['block_cache_usage'] / 2**20:.0f}"
           f"/{m['block_cache_capacity'] / 2**20:.0f} MiB, write buffers "
           f"{m['write_buffer_usage'] / 2**20:.0f}/{m['write_buffer_capacity'] / 2**20:.0f} MiB")
-    print(f"  restore sources of the tasks: {s['sources']}")
+    print(f"  restore sources of the tasks: {s['sources']}; checkpoint modes: {s['modes']}")
 
 
 def plot(runs: list[Run], out_dir: str, title: str) -> list[str]:
@@ -531,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lifecycle", default="close,open",
                     help="comma separated: 'close' (open, checkpoint, close each task), "
                          "'open' (keep_instances_open)")
-    ap.add_argument("--checkpoint-mode", choices=("incremental", "changelog"),
+    ap.add_argument("--checkpoint-mode", choices=("incremental", "changelog", "auto"),
                     default="incremental")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="per request")
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0, help="MB/s each way")

@@ -22,32 +22,27 @@ from typing import Any
 
 import pytest
 
-# STATEBACKEND_TEST_CHECKPOINT_MODE=changelog runs the tests with that checkpoint mode
-# wherever they build options without naming one: the default of StateBackendOptions'
-# checkpoint_mode changes in this process (and so in the Spark workers it forks, which
-# receive the options built here). Tests that are about one mode name it.
-_MODE = os.environ.get("STATEBACKEND_TEST_CHECKPOINT_MODE")
-if _MODE:
-    from statebackend.options import StateBackendOptions
+# Switches that run the whole suite with another default of one option, wherever tests
+# build options without naming it: the default of StateBackendOptions changes in this
+# process (and so in the Spark workers it forks, which receive the options built here).
+# Tests that are about one setting name it.
+# - STATEBACKEND_TEST_CHECKPOINT_MODE=changelog (or auto): that checkpoint mode;
+# - STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO=2 (with changelog): small materializations
+#   in the critical path (materialize_inline_ratio);
+# - STATEBACKEND_TEST_AUTO_CHANGELOG_SIZE=16k (with auto): the line of auto that low, so
+#   partitions switch modes within the tests' small states;
+# - STATEBACKEND_TEST_PLACEMENT=carrier: the streaming tests with the carrier plan
+#   (statebackend.spark.carrier).
+_SWITCHES = {"CHECKPOINT_MODE": ("checkpoint_mode", str),
+             "MATERIALIZE_INLINE_RATIO": ("materialize_inline_ratio", float),
+             "AUTO_CHANGELOG_SIZE": ("auto_changelog_size", str),
+             "PLACEMENT": ("placement", str)}
+for _env, (_field, _kind) in _SWITCHES.items():
+    if os.environ.get("STATEBACKEND_TEST_" + _env):
+        from statebackend.options import StateBackendOptions
 
-    inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["checkpoint_mode"] = _MODE
-
-# STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO=2 (with the changelog mode above) runs them
-# with small materializations in the critical path (materialize_inline_ratio), the same way.
-_INLINE = os.environ.get("STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO")
-if _INLINE:
-    from statebackend.options import StateBackendOptions
-
-    inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["materialize_inline_ratio"] = \
-        float(_INLINE)
-
-# STATEBACKEND_TEST_PLACEMENT=carrier runs the streaming tests with the carrier plan
-# (statebackend.spark.carrier) wherever options do not name a placement, the same way.
-_PLACEMENT = os.environ.get("STATEBACKEND_TEST_PLACEMENT")
-if _PLACEMENT:
-    from statebackend.options import StateBackendOptions
-
-    inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__["placement"] = _PLACEMENT
+        inspect.unwrap(StateBackendOptions.__init__).__kwdefaults__[_field] = \
+            _kind(os.environ["STATEBACKEND_TEST_" + _env])
 
 SPARK_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark")
 

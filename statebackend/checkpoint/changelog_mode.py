@@ -118,10 +118,10 @@ class ChangelogUpload(CheckpointOperation):
         o = t.options
         if self.inline or materialization_due(
                 lineage, n, self.stats.size, o.materialize_interval,
-                o.materialize_changelog_ratio, o.materialize_inline_ratio):
+                o.materialize_changelog_ratio, o.inline_ratio()):
             self.snapshot = t.snapshot_sync(self.instance, n, req.attempt)
             self.inline = self.inline or small_enough_inline(
-                self.snapshot, lineage, self.stats.size, o.materialize_inline_ratio)
+                self.snapshot, lineage, self.stats.size, o.inline_ratio())
             lineage = replace(lineage, pending=MaterializationRef(n, req.attempt))
         self.lineage = lineage
         self.sync_s = time.perf_counter() - self.t0

@@ -38,7 +38,7 @@ from .publish import ManifestFacts
 from .restore import validate_manifest
 from .restorer import PartitionRestorer
 from .snapshot import LocalSnapshot, take_snapshot
-from .strategy import CheckpointRequest, CheckpointStrategy
+from .strategy import CheckpointRequest, CheckpointStrategy, mode_for
 from .task_metrics import CheckpointMetrics, RestoreMetrics, RestoreSource
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,7 @@ class PartitionCheckpointer:
         self._restored = False
         self.restorer = PartitionRestorer(self.store, self.operator_id, partition, self.local,
                                           self.options, self._open)
-        self.strategy: CheckpointStrategy = (
-            ChangelogStrategy(self) if self.options.checkpoint_mode == "changelog"
-            else IncrementalStrategy(self))
+        self.strategy: CheckpointStrategy = self._strategy(None)
 
     @property
     def working_dir(self) -> str:
@@ -131,6 +129,7 @@ class PartitionCheckpointer:
         self._restored = True
         self.restored_from = manifest
         inst, metrics = self.restorer.restore(manifest, list(reasons or ()))
+        self.strategy = self._strategy(manifest)
         self.strategy.restored(inst)
         return inst, metrics
 
@@ -152,6 +151,7 @@ class PartitionCheckpointer:
         self.local.use_working_dir(os.path.basename(instance.path))
         # the next checkpoint writes to it: it is no longer "exactly the manifest"
         self.local.clear_clean_marker()
+        self.strategy = self._strategy(manifest)
         self.strategy.restored(instance)
         return RestoreMetrics(checkpoint_id=manifest.checkpoint_id, partition=self.partition,
                               source=RestoreSource.RESIDENT, duration_s=duration_s)
@@ -264,6 +264,11 @@ class PartitionCheckpointer:
     def stop_recording(self, instance: RocksDBInstance) -> None:
         """Discard an unfinished recording (its writes are not part of any checkpoint)."""
         stop_recording(instance)
+
+    def _strategy(self, restored: PartitionManifest | None) -> CheckpointStrategy:
+        if mode_for(self.options, restored) == "changelog":
+            return ChangelogStrategy(self)
+        return IncrementalStrategy(self)
 
     def _check_base(self, base: PartitionManifest | None) -> PartitionManifest | None:
         if not self._restored:

@@ -10,8 +10,9 @@ publish path (:func:`~.publish.publish_checkpoint`). The modes:
 * :class:`~.changelog_mode.ChangelogStrategy`: the batch's changelog every batch, and a
   materialization (a native checkpoint uploaded in the background) every few.
 
-:class:`~.checkpointer.PartitionCheckpointer` picks one by ``options.checkpoint_mode``
-and runs ``strategy.sync_part(...)`` then ``operation.run()``.
+:class:`~.checkpointer.PartitionCheckpointer` picks one by :func:`mode_for` (the option
+``checkpoint_mode``; under ``auto``, the size of the state restored) and runs
+``strategy.sync_part(...)`` then ``operation.run()``.
 """
 
 from __future__ import annotations
@@ -112,3 +113,22 @@ class CheckpointStrategy(ABC):
 
         On failure nothing is left behind.
         """
+
+
+def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -> str:
+    """The checkpoint mode of a batch whose state was restored from ``restored``.
+
+    ``checkpoint_mode="auto"``: ``changelog`` when ``restored`` references at least
+    ``auto_changelog_size`` bytes, or half of that when it is a changelog checkpoint
+    itself (a state near the line does not switch at every batch); ``incremental``
+    otherwise and for empty state. Only the committed manifest decides, so every attempt
+    of a batch, on any executor, checkpoints in the same mode.
+    """
+    if options.checkpoint_mode != "auto":
+        return options.checkpoint_mode
+    if restored is None:
+        return "incremental"
+    line = options.auto_changelog_size
+    if restored.mode == "changelog":
+        line //= 2
+    return "changelog" if restored.full_size >= line else "incremental"

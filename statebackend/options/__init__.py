@@ -15,12 +15,9 @@ declarations (:mod:`statebackend.options.docs`; ``python -m statebackend.options
 What a kind of value accepts lives in :mod:`statebackend.options.values`; reading Spark
 confs in :mod:`statebackend.options.conf`.
 
-RocksDB tuning fields are translated to rocksdict in exactly one place,
-:func:`statebackend.rocksdb.options.to_rocksdict_options`.
-
-Spark keys are ``spark.statebackend.<field-name-with-dashes>`` for general options and
-``spark.statebackend.rocksdb.<field-name-with-dashes>`` for RocksDB tuning, e.g.
-``spark.statebackend.max-parallelism`` and ``spark.statebackend.rocksdb.block-cache-size``.
+RocksDB tuning fields reach rocksdict in one place, :func:`statebackend.rocksdb.options.
+to_rocksdict_options`. Spark keys: ``spark.statebackend.<field-name-with-dashes>``, and
+``spark.statebackend.rocksdb.<...>`` for RocksDB tuning (``...rocksdb.block-cache-size``).
 """
 
 from __future__ import annotations
@@ -45,6 +42,7 @@ from .values import (
     _MAX_KEY_GROUPS,
     _MIB,
     _RESTART_PREFIX,
+    AUTO_INLINE_RATIO,
     CHECKPOINT_MODES,
     COMPACTION_STYLES,
     COMPRESSION_CODECS,
@@ -67,21 +65,10 @@ from .values import (
 )
 
 __all__ = [
-    "COMPACTION_STYLES",
-    "COMPRESSION_CODECS",
-    "PLACEMENTS",
-    "PREDEFINED_PROFILES",
-    "RESTART_STRATEGIES",
-    "SNAPSHOT_COMPRESSIONS",
-    "SPARK_CONF_PREFIX",
-    "StateBackendOptions",
-    "TIMER_SERVICES",
-    "CHECKPOINT_MODES",
-    "check_location",
-    "check_storage_options",
-    "coerce_options",
-    "default_max_parallelism",
-    "parse_duration",
+    "COMPACTION_STYLES", "COMPRESSION_CODECS", "PLACEMENTS", "PREDEFINED_PROFILES",
+    "RESTART_STRATEGIES", "SNAPSHOT_COMPRESSIONS", "SPARK_CONF_PREFIX",
+    "StateBackendOptions", "TIMER_SERVICES", "CHECKPOINT_MODES", "check_location",
+    "check_storage_options", "coerce_options", "default_max_parallelism", "parse_duration",
     "parse_size",
 ]
 
@@ -127,7 +114,14 @@ class StateBackendOptions:
         "incremental", "checkpointing", "choice", choices=CHECKPOINT_MODES, doc=(
             "What a batch makes durable before it emits output: a RocksDB snapshot's new "
             "SST files (`incremental`), or a changelog of its writes (`changelog`, snapshots "
-            "materialized in the background). docs/options.md, \"Changelog checkpoints\"."))
+            "materialized in the background); `auto` chooses per partition and batch by the "
+            "size of its state (`auto_changelog_size`). docs/options.md, \"Changelog "
+            "checkpoints\"."))
+    auto_changelog_size: int = _opt(
+        256 * _MIB, "checkpointing", "size", low=0, high=2**50, doc=(
+            "`checkpoint_mode=\"auto\"`: a partition whose last checkpoint references at "
+            "least this many bytes checkpoints in changelog mode; one that was in changelog "
+            "mode goes back to incremental below half of it."))
     materialize_interval: int = _opt(
         10, "checkpointing", "int", low=1, high=1_000_000, doc=(
             "Changelog mode: materialize a snapshot in the background at least every this "
@@ -136,12 +130,12 @@ class StateBackendOptions:
         0.25, "checkpointing", "float", low=0.01, high=100.0, doc=(
             "Changelog mode: also materialize when the changelogs since the last "
             "materialization exceed this share of the materialized state's size (and 1 MiB)."))
-    materialize_inline_ratio: float = _opt(
-        0.0, "checkpointing", "float", low=0.0, high=100.0, doc=(
+    materialize_inline_ratio: float | None = _opt(
+        None, "checkpointing", "float", optional=True, low=0.0, high=100.0, doc=(
             "Changelog mode, above 0: each batch without a materialization in flight "
             "snapshots; new SST files <= this x its changelog (+64 KiB) go in its critical "
             "path instead of the changelog, a compaction's rewrite to the background; level "
-            "sizing applies. 2: the large-state setting of docs/options.md. 0: off."))
+            "sizing applies. 0: off. None: 2 under `auto`, 0 under `changelog`."))
     # --- local recovery ------------------------------------------------------------------
     local_recovery: bool = _opt(
         True, "local_recovery", "bool", doc=(
@@ -496,6 +490,12 @@ class StateBackendOptions:
         """
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+    def inline_ratio(self) -> float:
+        """``materialize_inline_ratio`` in force: as set, else 2 under ``auto``, 0 otherwise."""
+        if self.materialize_inline_ratio is not None:
+            return self.materialize_inline_ratio
+        return AUTO_INLINE_RATIO if self.checkpoint_mode == "auto" else 0.0
 
     def resolved_local_dir(self, executor_id: str | None = None) -> str:
         """``local_dir``, or the default under this machine's temp dir when it is None.

@@ -37,7 +37,9 @@ PREDEFINED_PROFILES = (
 SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
 PLACEMENTS = ("shuffle", "carrier")
-CHECKPOINT_MODES = ("incremental", "changelog")
+CHECKPOINT_MODES = ("incremental", "changelog", "auto")
+AUTO_INLINE_RATIO = 2.0
+"""``materialize_inline_ratio`` of ``checkpoint_mode="auto"`` when the option is unset."""
 COMPACTION_STYLES = ("level", "universal", "fifo")
 COMPRESSION_CODECS = ("none", "snappy", "lz4", "zstd", "zlib", "bz2", "lz4hc")
 # placeholders a path option may hold, replaced where the path is resolved

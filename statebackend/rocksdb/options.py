@@ -347,8 +347,9 @@ RESIZE_STEP = 0.25
 
 def sizes_levels(opts: StateBackendOptions) -> bool:
     """Whether the checkpoint mode uploads snapshots often enough for level sizing: every
-    batch (incremental), or changelog mode materializing small snapshots inline."""
-    return opts.checkpoint_mode == "incremental" or opts.materialize_inline_ratio > 0
+    batch (incremental), or changelog mode materializing small snapshots inline (``auto``
+    does by default; its large state is in changelog mode)."""
+    return opts.checkpoint_mode == "incremental" or opts.inline_ratio() > 0
 
 
 def level_sizing(opts: StateBackendOptions, bottom_bytes: int,

@@ -152,3 +152,26 @@ def test_changelog_mode_with_inline_materializations_sizes_levels(spark, tmp_pat
     rows = be.read_state(spark, OP, state_name="columnState").toPandas()
     assert {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()} == \
         running_counts(data)[1]
+
+
+def test_auto_mode_switches_a_large_partition_to_changelog(spark, tmp_path):
+    # checkpoint_mode="auto" with the line at 1 MiB: the load (~5 MB a partition, from
+    # empty state) checkpoints incrementally; every later batch restores a state over the
+    # line, on the instance kept open in its worker (or its working directory, in another
+    # worker process), and checkpoints in changelog mode,
+    # its small snapshots inline. The answers and the state read back are Spark's.
+    be, opts, data, state, store = _run_query(spark, tmp_path, 13, checkpoint_mode="auto",
+                                              auto_changelog_size="1m")
+    modes = {}
+    for n in range(6):
+        rec = be.coordinator(OP).get(n)
+        for p, rel in sorted(rec.manifests.items()):
+            m = read_manifest(store, rel, operator_id=OP)
+            modes[n, p] = m.mode
+            if n > 0:
+                assert m.metrics["restore"]["source"] in ("resident", "working_dir"), m.path
+    assert {modes[0, p] for p in (0, 1)} == {"incremental"}, modes
+    assert {v for (n, _p), v in modes.items() if n > 0} == {"changelog"}, modes
+    rows = be.read_state(spark, OP, state_name="columnState").toPandas()
+    assert {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()} == \
+        running_counts(data)[1]
