@@ -126,8 +126,9 @@ def options_for(args: argparse.Namespace, local: str, keep_open: bool) -> StateB
     extra: dict[str, Any] = {}
     fields = StateBackendOptions.field_names()
     if "checkpoint_mode" in fields:
-        extra["checkpoint_mode"] = args.checkpoint_mode
-    elif args.checkpoint_mode != "incremental":
+        if args.checkpoint_mode is not None:
+            extra["checkpoint_mode"] = args.checkpoint_mode
+    elif args.checkpoint_mode not in (None, "incremental"):
         raise SystemExit(f"--checkpoint-mode {args.checkpoint_mode}: this build of statebackend "
                          f"has no checkpoint_mode option (changelog checkpoints are not merged "
                          f"yet); only 'incremental' runs here")
@@ -540,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma separated: 'close' (open, checkpoint, close each task), "
                          "'open' (keep_instances_open)")
     ap.add_argument("--checkpoint-mode", choices=("incremental", "changelog", "auto"),
-                    default="incremental")
+                    default=None, help="default: the build's own default")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="per request")
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0, help="MB/s each way")
     ap.add_argument("--link", choices=latency_fs.LINKS, default="shared",
@@ -564,10 +565,12 @@ def main(argv: list[str] | None = None) -> int:
     lifecycles = [x.strip() for x in args.lifecycle.split(",") if x.strip()]
     if not lifecycles or set(lifecycles) - {"open", "close"}:
         ap.error("--lifecycle takes 'open', 'close' or both")
-    options_for(args, tempfile.gettempdir(), False)  # a mode this build lacks fails now
+    # a mode this build lacks fails now
+    mode = getattr(options_for(args, tempfile.gettempdir(), False), "checkpoint_mode",
+                   "incremental")
     os.makedirs(args.out, exist_ok=True)
     title = (f"{args.keys:,} keys x {args.value_bytes} B, {args.batches} batches at "
-             f"{args.churn:.1%} churn, {args.partitions} partitions, {args.checkpoint_mode}, "
+             f"{args.churn:.1%} churn, {args.partitions} partitions, {mode}, "
              f"{args.latency_ms:g} ms / {args.bandwidth_mbps:g} MB/s, {args.link} link"
              + (f" (<= {args.max_connections} connections)" if args.link == "independent"
                 else ""))

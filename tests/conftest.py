@@ -26,7 +26,7 @@ import pytest
 # build options without naming it: the default of StateBackendOptions changes in this
 # process (and so in the Spark workers it forks, which receive the options built here).
 # Tests that are about one setting name it.
-# - STATEBACKEND_TEST_CHECKPOINT_MODE=changelog (or auto): that checkpoint mode;
+# - STATEBACKEND_TEST_CHECKPOINT_MODE=changelog (or incremental): that checkpoint mode;
 # - STATEBACKEND_TEST_MATERIALIZE_INLINE_RATIO=2 (with changelog): small materializations
 #   in the critical path (materialize_inline_ratio);
 # - STATEBACKEND_TEST_AUTO_CHANGELOG_SIZE=16k (with auto): the line of auto that low, so

@@ -111,14 +111,14 @@ class StateBackendOptions:
             "Upload only the SST files a checkpoint adds. False: every checkpoint is a "
             "full, self-contained snapshot."))
     checkpoint_mode: str = _opt(
-        "incremental", "checkpointing", "choice", choices=CHECKPOINT_MODES, doc=(
+        "auto", "checkpointing", "choice", choices=CHECKPOINT_MODES, doc=(
             "What a batch makes durable before it emits output: a RocksDB snapshot's new "
             "SST files (`incremental`), or a changelog of its writes (`changelog`, snapshots "
             "materialized in the background); `auto` chooses per partition and batch by the "
             "size of its state (`auto_changelog_size`). docs/options.md, \"Changelog "
             "checkpoints\"."))
     auto_changelog_size: int = _opt(
-        256 * _MIB, "checkpointing", "size", low=0, high=2**50, doc=(
+        32 * _MIB, "checkpointing", "size", low=0, high=2**50, doc=(
             "`checkpoint_mode=\"auto\"`: a partition whose last checkpoint references at "
             "least this many bytes checkpoints in changelog mode; one that was in changelog "
             "mode goes back to incremental below half of it."))
