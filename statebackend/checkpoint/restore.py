@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
 from ..model.carry import carried_origin
@@ -141,6 +143,36 @@ def local_changelog_name(f: FileEntry) -> str:
     return f"chk-{changelog_id(f.name)}-{check_component(parts[-2])}.sbcl"
 
 
+READ_AHEAD_FILES = 4
+READ_AHEAD_BYTES = 256 << 20
+"""Changelogs fetched while an earlier one replays: at most this many, and this many bytes
+beyond the first (a restore never holds the whole chain in memory)."""
+
+
+def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None
+                   ) -> Iterator[tuple[FileEntry, bytes, bool]]:
+    """``(file, data, downloaded)`` for each changelog of ``manifest`` in order, the next
+    ones fetched meanwhile (each request pays its latency once, not one after another)."""
+    files = list(manifest.changelog_files)
+    with ThreadPoolExecutor(max(1, min(READ_AHEAD_FILES, len(files))),
+                            thread_name_prefix="sb-changelog") as pool:
+        window: deque[tuple[FileEntry, Future]] = deque()
+        nxt = 0
+        try:
+            while nxt < len(files) or window:
+                while nxt < len(files) and (not window or (
+                        len(window) < READ_AHEAD_FILES and sum(f.size for f, _ in window)
+                        + files[nxt].size <= READ_AHEAD_BYTES)):
+                    window.append((files[nxt], pool.submit(fetch_changelog, store, manifest,
+                                                           files[nxt], local_dir)))
+                    nxt += 1
+                f, fut = window.popleft()
+                yield (f, *fut.result())
+        finally:
+            for _f, fut in window:
+                fut.cancel()
+
+
 def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
                       manifest: PartitionManifest, local_dir: str | None = None) -> int:
     """Replay the changelogs of ``manifest`` in order onto ``instance`` (opened from its
@@ -155,8 +187,7 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     start = -1 if origin.materialized_id is None else origin.materialized_id
     where = f"manifest {manifest.path}"
     try:
-        for f in manifest.changelog_files:
-            data, downloaded = fetch_changelog(store, manifest, f, local_dir)
+        for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
             check_chain([(f.path, changelog_id(f.name), span(data, f.path))], start,
                         changelog_id(f.name), where)
             start = changelog_id(f.name)
