@@ -153,7 +153,9 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
     code = ("from statebackend.options import StateBackendOptions as S; "
             "print(S(parallelism=4, compression_per_level=('snappy', 'zstd'), "
             f"checkpoint_mode={o.checkpoint_mode!r}, "
-            f"materialize_inline_ratio={o.materialize_inline_ratio!r}).fingerprint())")
+            f"materialize_inline_ratio={o.materialize_inline_ratio!r}, "
+            f"auto_changelog_size={o.auto_changelog_size!r}, "
+            f"placement={o.placement!r}).fingerprint())")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, cwd=str(Path(__file__).resolve().parent.parent))
