@@ -238,6 +238,17 @@ class LatencyFileSystem(AbstractFileSystem):
         self._down(len(data))
         return data
 
+    def get_file(self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None,
+                 **kwargs: Any) -> None:
+        # One GET, as an object store's client makes it (s3fs: get_object, no HEAD first);
+        # fsspec's generic get_file would ask isdir() first, a second request per file.
+        import os
+
+        self._request()
+        src = self._strip_protocol(rpath)
+        self._down(os.path.getsize(src))
+        self.inner.get_file(src, lpath)
+
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if "r" not in mode:
             raise NotImplementedError("write through put_file/pipe_file (one PUT each)")
