@@ -121,8 +121,11 @@ def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -
     ``checkpoint_mode="auto"``: ``changelog`` when ``restored`` references at least
     ``auto_changelog_size`` bytes, or half of that when it is a changelog checkpoint
     itself (a state near the line does not switch at every batch); ``incremental``
-    otherwise and for empty state. Only the committed manifest decides, so every attempt
-    of a batch, on any executor, checkpoints in the same mode.
+    otherwise and for empty state. A changelog checkpoint with a materialization still
+    pending stays in changelog mode whatever its size: an incremental checkpoint would not
+    carry the pending name that keeps the materialization's files (maybe still uploading
+    in the background) from the coordinator's sweeps. Only the committed manifest decides,
+    so every attempt of a batch, on any executor, checkpoints in the same mode.
     """
     if options.checkpoint_mode != "auto":
         return options.checkpoint_mode
@@ -130,5 +133,7 @@ def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -
         return "incremental"
     line = options.auto_changelog_size
     if restored.mode == "changelog":
+        if restored.pending_materialization is not None:
+            return "changelog"
         line //= 2
     return "changelog" if restored.full_size >= line else "incremental"

@@ -25,10 +25,12 @@ KIB = 1024
 
 
 def _manifest(size: int, mode: str) -> PartitionManifest:
-    ref = MaterializationRef(1, "a0") if mode == "changelog" else None
+    ref = MaterializationRef(1, "a0") if mode.startswith("changelog") else None
+    pending = MaterializationRef(2, "a0") if mode == "changelog-pending" else None
     return PartitionManifest(
-        operator_id=OP, partition=0, checkpoint_id=1, attempt="a0", key_group_start=0,
-        key_group_end=127, max_parallelism=128, mode=mode, materialization=ref,
+        operator_id=OP, partition=0, checkpoint_id=2, attempt="a0", key_group_start=0,
+        key_group_end=127, max_parallelism=128, mode=mode.split("-")[0], materialization=ref,
+        pending_materialization=pending,
         files=(FileEntry("000009.sst", "chk-1/p0/a0/000009.sst", size, "crc32:00000000",
                          shared=True, uploaded=True),))
 
@@ -40,6 +42,8 @@ def _manifest(size: int, mode: str) -> PartitionManifest:
     (60 * KIB, "changelog", "changelog"),     # between half and the line: stays
     (50 * KIB, "changelog", "changelog"),     # at half
     (49 * KIB, "changelog", "incremental"),   # below half: back
+    # below half, but its materialization is still pending: stays until adopted
+    (1 * KIB, "changelog-pending", "changelog"),
 ])
 def test_auto_chooses_by_the_size_of_the_state_restored(size, restored_mode, expected):
     opts = StateBackendOptions(checkpoint_mode="auto", auto_changelog_size="100k")
