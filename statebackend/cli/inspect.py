@@ -82,7 +82,7 @@ def _describe_partitions(manifests: dict[int, PartitionManifest]
                             "shared_bytes": shared, "private_bytes": private,
                             "uploaded_bytes": m.incremental_size, "rows": int(m.metrics.get("rows", 0)),
                             "keys": int(m.metrics.get("keys", 0)),
-                            "restore": str(restore).split(".")[-1].lower(),
+                            "restore": str(restore).split(".")[-1].lower(), "mode": m.mode,
                             "base_checkpoint_id": m.base_checkpoint_id,
                             "logical_bytes": (m.metrics.get("rocksdb") or {}).get("logical_bytes"),
                             "file_list": [{"name": f.name, "path": f.path, "size": f.size, "shared": f.shared,
@@ -93,7 +93,7 @@ def _describe_partitions(manifests: dict[int, PartitionManifest]
             tot[k] += v
         rows.append([p, f"{m.key_group_start}-{m.key_group_end}", len(m.files), _size(shared),
                      _size(private), _size(m.incremental_size), d["rows"], d["keys"],
-                     d["restore"], m.attempt])
+                     d["restore"], m.mode, m.attempt])
     return parts, rows, tot
 
 
@@ -135,7 +135,7 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  state {s.name}: {s.kind}{schema}{ttl}{blocks}{versions}\n")
     out.write("\n")
     _table(rows, ["partition", "key groups", "files", "shared", "private", "uploaded", "rows",
-                  "keys", "restore", "attempt"], out)
+                  "keys", "restore", "mode", "attempt"], out)
     if args.files:
         out.write("\n")
         _table([[d["partition"], f["name"], f["size"], "shared" if f["shared"] else "private",

@@ -95,7 +95,7 @@ def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
 
     store = open_store(f"{root}/durable", backoff_s=0.0)
     kw = ({"checkpoint_mode": mode, "materialize_interval": 2, "materialize_inline_ratio": 0.0}
-          if mode == "changelog" else {})
+          if mode == "changelog" else {"checkpoint_mode": mode})
     opts = StateBackendOptions(max_parallelism=BUILT_MAXP, local_dir=f"{root}/local", **kw)
     coord = CheckpointCoordinator(store, BUILT_OPERATOR, parallelism=parallelism,
                                   max_parallelism=BUILT_MAXP, num_retained=10)

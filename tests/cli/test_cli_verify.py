@@ -71,6 +71,16 @@ def problems(capsys, url: str, *extra: str) -> list[dict]:
     return got
 
 
+def test_describe_names_each_partitions_checkpoint_mode(capsys, built):
+    # checkpoint_mode="auto" chooses per partition: describe says which one each used
+    code, out, _ = cli(capsys, "describe", built.url, "op", "--json")
+    assert code == 0
+    assert [p["mode"] for p in json.loads(out)["partitions"]] == [built.mode] * 2
+    code, out, _ = cli(capsys, "describe", built.url, "op")
+    assert code == 0
+    assert [line.split()[-2] for line in out.splitlines()[-2:]] == [built.mode] * 2, out
+
+
 @pytest.mark.parametrize("deep", [False, True])
 def test_intact_checkpoints_verify_ok(capsys, built, deep):
     flags = ["--deep"] if deep else []
