@@ -129,8 +129,8 @@ def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -
     """
     if options.checkpoint_mode != "auto":
         return options.checkpoint_mode
-    if restored is None:
-        return "incremental"
+    if restored is None or not options.incremental:
+        return "incremental"  # (incremental=False: a full snapshot every batch, as asked)
     line = options.auto_changelog_size
     if restored.mode == "changelog":
         if restored.pending_materialization is not None:

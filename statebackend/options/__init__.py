@@ -121,7 +121,7 @@ class StateBackendOptions:
         32 * _MIB, "checkpointing", "size", low=0, high=2**50, doc=(
             "`checkpoint_mode=\"auto\"`: a partition whose last checkpoint references at "
             "least this many bytes checkpoints in changelog mode; one that was in changelog "
-            "mode goes back to incremental below half of it."))
+            "mode goes back to incremental below half of it. (`incremental=False`: never.)"))
     materialize_interval: int = _opt(
         10, "checkpointing", "int", low=1, high=1_000_000, doc=(
             "Changelog mode: materialize a snapshot in the background at least every this "

@@ -52,6 +52,8 @@ def test_auto_chooses_by_the_size_of_the_state_restored(size, restored_mode, exp
     # the explicit modes ignore the size
     for mode in ("incremental", "changelog"):
         assert mode_for(opts.with_(checkpoint_mode=mode), restored) == mode
+    # full snapshots asked for (incremental=False): snapshot mode whatever the size
+    assert mode_for(opts.with_(incremental=False), restored) == "incremental"
 
 
 def test_auto_materializes_small_snapshots_inline_unless_told_otherwise():
