@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
 from ..model.carry import carried_origin
@@ -112,29 +110,49 @@ def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEnt
     CorruptStateError
         The durable file is missing or fails its checksum.
     """
-    if local_dir is not None:
-        try:
-            with open(os.path.join(local_dir, local_changelog_name(f)), "rb") as fh:
-                data = fh.read()
-            if len(data) == f.size and bytes_crc32(data) == f.checksum:
-                return data, False
-        except OSError:
-            pass
+    data = _local_changelog(f, local_dir)
+    if data is not None:
+        return data, False
     try:
-        data = store.get_bytes(f.path)
+        downloaded: bytes | None = store.get_bytes(f.path)
     except (StorageError, FileNotFoundError) as exc:
-        raise CorruptStateError(
-            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition}: changelog "
-            f"{f.path} is missing ({exc}); the committed state cannot be restored from "
-            f"{store.root}", checkpoint_id=manifest.checkpoint_id,
-            partition=manifest.partition, path=f.path) from exc
+        raise _missing(store, manifest, f, exc) from exc
+    return _checked(store, manifest, f, downloaded), True
+
+
+def _local_changelog(f: FileEntry, local_dir: str | None) -> bytes | None:
+    """The local copy of changelog ``f`` when it has the right size and CRC32."""
+    if local_dir is None:
+        return None
+    try:
+        with open(os.path.join(local_dir, local_changelog_name(f)), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data if len(data) == f.size and bytes_crc32(data) == f.checksum else None
+
+
+def _missing(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
+             exc: BaseException | None = None) -> CorruptStateError:
+    return CorruptStateError(
+        f"checkpoint {manifest.checkpoint_id} partition {manifest.partition}: changelog "
+        f"{f.path} is missing ({exc or 'not found'}); the committed state cannot be restored "
+        f"from {store.root}", checkpoint_id=manifest.checkpoint_id,
+        partition=manifest.partition, path=f.path)
+
+
+def _checked(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
+             data: bytes | None) -> bytes:
+    """``data`` read from durable storage for changelog ``f``, verified (None: missing)."""
+    if data is None:
+        raise _missing(store, manifest, f)
     if len(data) != f.size or bytes_crc32(data) != f.checksum:
         raise CorruptStateError(
             f"checkpoint {manifest.checkpoint_id} partition {manifest.partition}: changelog "
             f"{f.path} has {len(data)} bytes / {bytes_crc32(data)}, the manifest says "
             f"{f.size} / {f.checksum}", checkpoint_id=manifest.checkpoint_id,
             partition=manifest.partition, path=f.path)
-    return data, True
+    return data
 
 
 def local_changelog_name(f: FileEntry) -> str:
@@ -145,32 +163,39 @@ def local_changelog_name(f: FileEntry) -> str:
 
 READ_AHEAD_FILES = 4
 READ_AHEAD_BYTES = 256 << 20
-"""Changelogs fetched while an earlier one replays: at most this many, and this many bytes
-beyond the first (a restore never holds the whole chain in memory)."""
+"""Changelogs a restore reads at once (the store's parallel reads), at most this many and
+this many bytes together (a single larger one alone): it never holds the whole chain."""
+
+
+def _windows(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
+    window: list[FileEntry] = []
+    for f in files:
+        if window and (len(window) == READ_AHEAD_FILES
+                       or sum(w.size for w in window) + f.size > READ_AHEAD_BYTES):
+            yield window
+            window = []
+        window.append(f)
+    if window:
+        yield window
 
 
 def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None
                    ) -> Iterator[tuple[FileEntry, bytes, bool]]:
-    """``(file, data, downloaded)`` for each changelog of ``manifest`` in order, the next
-    ones fetched meanwhile (each request pays its latency once, not one after another)."""
-    files = list(manifest.changelog_files)
-    with ThreadPoolExecutor(max(1, min(READ_AHEAD_FILES, len(files))),
-                            thread_name_prefix="sb-changelog") as pool:
-        window: deque[tuple[FileEntry, Future]] = deque()
-        nxt = 0
+    """``(file, data, downloaded)`` for each changelog of ``manifest`` in order: local copies
+    first, the others of a window read together (:meth:`DurableStore.get_bytes_many`), so
+    a chain pays one request latency per window, not per file."""
+    for window in _windows(list(manifest.changelog_files)):
+        local = [_local_changelog(f, local_dir) for f in window]
+        remote = [f for f, data in zip(window, local) if data is None]
         try:
-            while nxt < len(files) or window:
-                while nxt < len(files) and (not window or (
-                        len(window) < READ_AHEAD_FILES and sum(f.size for f, _ in window)
-                        + files[nxt].size <= READ_AHEAD_BYTES)):
-                    window.append((files[nxt], pool.submit(fetch_changelog, store, manifest,
-                                                           files[nxt], local_dir)))
-                    nxt += 1
-                f, fut = window.popleft()
-                yield (f, *fut.result())
-        finally:
-            for _f, fut in window:
-                fut.cancel()
+            fetched = iter(store.get_bytes_many([f.path for f in remote]))
+        except StorageError as exc:
+            raise _missing(store, manifest, remote[0], exc) from exc
+        for f, data in zip(window, local):
+            if data is not None:
+                yield f, data, False
+            else:
+                yield f, _checked(store, manifest, f, next(fetched)), True
 
 
 def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
