@@ -17,6 +17,7 @@ valgrind (Debian's package).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import glob
 import os
@@ -65,16 +66,16 @@ def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, HERE)
     import bench_task as T
 
-    from statebackend.spark import runner
+    from statebackend.task import runner
 
     workdir = tempfile.mkdtemp(prefix="sb-instr-")
     data = [T.make_batch(args.keys, args.rows, seed) for seed in range(args.batches + 1)]
     config = T.config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
                           f"bench-{args.workloads}")
-    process = T.task_process(args.workloads, config)
+    config, process = T.task_process(args.workloads, config)
     if hasattr(config, "progress_columns") and args.progress_metrics:
         # a streaming task: its row of metrics too
-        config.progress_columns = {"k": None, "v": None}
+        config = dataclasses.replace(config, progress_columns={"k": None, "v": None})
     pid = str(os.getpid())
     saved = runner.task_identity
     try:

@@ -7,7 +7,7 @@
     python -m pytest benchmarks/bench_task.py --benchmark-enable
 
 What one Spark task of ours does for one partition and one micro-batch
-(``statebackend.spark.runner.run_partition``) runs here on a pandas frame shaped like the
+(``statebackend.task.runner.run_partition``) runs here on a pandas frame shaped like the
 one Spark hands it (key, value, key-group and processing-time columns), against a local
 checkpoint location: restore b-1, group by key, run the processor, checkpoint b, close,
 concatenate the output. Only the Spark task identity is patched in (there is no
@@ -39,10 +39,10 @@ import workloads as W  # noqa: E402
 
 from statebackend.options import StateBackendOptions  # noqa: E402
 from statebackend.rocksdb.instance import RocksDBInstance  # noqa: E402
-from statebackend.spark import runner  # noqa: E402
 from statebackend.spark.plan import KeySpec  # noqa: E402
-from statebackend.spark.processor import run_processor  # noqa: E402
-from statebackend.spark.task import (  # noqa: E402
+from statebackend.state.backend import KeyedStateBackend  # noqa: E402
+from statebackend.task import runner  # noqa: E402
+from statebackend.task.context import (  # noqa: E402
     DEFAULT_FRAME_ROWS,
     PTIME_COL,
     BatchContext,
@@ -50,8 +50,8 @@ from statebackend.spark.task import (  # noqa: E402
     decode_key,
     group_by_key,
 )
-from statebackend.spark.vector import vector_process  # noqa: E402
-from statebackend.state.backend import KeyedStateBackend  # noqa: E402
+from statebackend.task.processor import run_processor  # noqa: E402
+from statebackend.task.vector import vector_config, vector_process  # noqa: E402
 
 SPEC = KeySpec(("k",), ("string",))
 MAXP = 128
@@ -82,17 +82,18 @@ VECTOR_BLOCKS = W.VALUE_BLOCKS
 FRAME_ROWS: int | None = DEFAULT_FRAME_ROWS  # map_in_pandas's frame_rows
 
 
-def task_process(workload: str, config: OperatorConfig) -> Callable:
+def task_process(workload: str, config: OperatorConfig) -> tuple[OperatorConfig, Callable]:
     """What the backend hands the runner for ``workload``: ``transform_with_state``'s
-    (pandas flavour) or ``map_in_pandas``'s."""
+    (pandas flavour) or ``map_in_pandas``'s, with the config it runs under."""
     if workload in ("vector", "vector-blocks"):
-        return vector_process(W.vector_count, config, "c BIGINT",
-                              VECTOR_BLOCKS if workload == "vector-blocks" else None, FRAME_ROWS)
+        config = vector_config(config, FRAME_ROWS)
+        return config, vector_process(W.vector_count, config, "c BIGINT",
+                                      VECTOR_BLOCKS if workload == "vector-blocks" else None)
     processor_cls = PROCESSORS[workload]
 
     def process(backend, groups, ctx, decode):
         return run_processor(processor_cls(), backend, groups, ctx, "None", decode)
-    return process
+    return config, process
 
 
 SPARK_BATCH_ROWS = 10_000
@@ -111,7 +112,7 @@ def run_batches(workdir: str, workload: str, batches: list[pd.DataFrame],
     """Run ``run_partition`` for each batch in turn (batch ids 0..n-1); seconds per batch."""
     config = config_for(os.path.join(workdir, "durable"), os.path.join(workdir, "local"),
                         f"bench-{workload}")
-    process = task_process(workload, config)
+    config, process = task_process(workload, config)
     original = runner.task_identity
     times = []
     try:

@@ -92,7 +92,7 @@ def make_bucket(endpoint: str) -> str:
 
 def executor_jvms() -> dict[str, int]:
     """Executor id -> pid of the executor JVMs below this process."""
-    from statebackend.spark.executor import executor_id_from_cmdline
+    from statebackend.task.executor import executor_id_from_cmdline
 
     me = os.getpid()
     out = {}

@@ -9,7 +9,7 @@
 N keys (bigint) with V bytes of incompressible value each: the first batch loads them all,
 then each of B batches rewrites ``churn`` of them (chosen at random; the function reads the
 old value and writes a new one, as a ``map_in_pandas`` user would). Each batch runs the
-partition task of ``map_in_pandas`` (``statebackend.spark.runner.run_partition``) for every
+partition task of ``map_in_pandas`` (``statebackend.task.runner.run_partition``) for every
 partition in turn in this process, as ``benchmarks/bench_task.py`` does, with the Spark task
 identity patched in; a coordinator completes each checkpoint after the batch (retention and
 deletion of unreferenced files included). Durable storage is ``benchmarks/latency_fs.py``:
@@ -52,10 +52,10 @@ import pandas as pd
 
 from benchmarks import latency_fs
 from statebackend.options import StateBackendOptions
-from statebackend.spark import runner
 from statebackend.spark.plan import KG_COL, KeySpec
-from statebackend.spark.task import PTIME_COL, OperatorConfig
-from statebackend.spark.vector import vector_process
+from statebackend.task import runner
+from statebackend.task.context import PTIME_COL, OperatorConfig
+from statebackend.task.vector import vector_config, vector_process
 
 OP = "large"
 SPEC = KeySpec(("k",), ("bigint",))
@@ -160,7 +160,8 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
                          "bandwidth": args.bandwidth_mbps * 1e6, "link": args.link,
                          "max_connections": args.max_connections},
         options=opts, parallelism=args.partitions, key=SPEC)
-    process = vector_process(rewrite, config, "v BINARY", None, args.frame_rows)
+    config = vector_config(config, args.frame_rows)
+    process = vector_process(rewrite, config, "v BINARY", None)
     # the driver's side (completion, retention, deletion) is not charged: not a task's cost
     coord = CheckpointCoordinator(open_store(durable_dir), OP, args.partitions, MAXP,
                                   num_retained=opts.num_retained)

@@ -46,11 +46,11 @@ def build(workdir: str, keys: int, partitions: int) -> str:
     from statebackend.coordinator import CheckpointCoordinator
     from statebackend.local import resident
     from statebackend.options import StateBackendOptions
-    from statebackend.spark import runner
     from statebackend.spark.plan import KG_COL, KeySpec
-    from statebackend.spark.task import PTIME_COL, OperatorConfig
-    from statebackend.spark.vector import vector_process
     from statebackend.storage import open_store
+    from statebackend.task import runner
+    from statebackend.task.context import PTIME_COL, OperatorConfig
+    from statebackend.task.vector import vector_process
 
     durable = os.path.join(workdir, "durable")
     marker = os.path.join(workdir, f"built-{keys}-{partitions}")
@@ -114,7 +114,7 @@ def read_once(durable: str, mode: str, master: str, driver_memory: str,
     """One read in this (fresh) process: its time and memory figures."""
     from pyspark.sql import SparkSession
 
-    from statebackend.spark.read_state import read_state
+    from statebackend.spark.readers import read_state
 
     spark = (SparkSession.builder.master(master).appName(f"read-state-{mode}")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")

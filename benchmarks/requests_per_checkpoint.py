@@ -36,10 +36,10 @@ from statebackend.coordinator import CheckpointCoordinator  # noqa: E402
 from statebackend.keys.groups import key_group  # noqa: E402
 from statebackend.keys.ranges import key_group_range  # noqa: E402
 from statebackend.options import StateBackendOptions  # noqa: E402
-from statebackend.spark import runner  # noqa: E402
-from statebackend.spark.task import OperatorConfig  # noqa: E402
 from statebackend.storage import open_store  # noqa: E402
 from statebackend.storage.manifests import read_completed_record, read_manifest  # noqa: E402
+from statebackend.task import runner  # noqa: E402
+from statebackend.task.context import OperatorConfig  # noqa: E402
 
 KINDS = ("put", "get", "head", "list", "delete")
 
@@ -51,7 +51,7 @@ def run(workdir: str, partitions: int, batches: int, keys: int, mode: str) -> di
                                local_dir=os.path.join(workdir, "local"), checkpoint_mode=mode)
     config = OperatorConfig(operator_id=op, checkpoint_location=durable, storage_options={},
                             options=opts, parallelism=partitions, key=BT.SPEC)
-    process = BT.task_process("count", config)
+    config, process = BT.task_process("count", config)
     store = open_store(durable)
     coord = CheckpointCoordinator(store, op, partitions, BT.MAXP, num_retained=2)
     data = [BT.make_batch(keys, keys * 2, seed) for seed in range(batches)]

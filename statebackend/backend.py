@@ -7,21 +7,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import re
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import DataFrame, GroupedData, SparkSession
-from pyspark.sql.streaming import StatefulProcessor
-from pyspark.sql.streaming.state import GroupStateTimeout
-from pyspark.sql.types import StructType
-
 from .coordinator.pending import complete_pending
-from .errors import IncompatibleStateError, OptionsError
-from .model.manifest import check_component
+from .errors import OptionsError
 from .options import (
     StateBackendOptions,
     check_location,
@@ -30,23 +23,11 @@ from .options import (
     default_max_parallelism,
 )
 from .redact import redact_options, redact_url
-from .spark import plan
-from .spark.executor import DRIVER_ID
-from .spark.group_state import check_timeout_conf, declare_group_states, run_group_function
-from .spark.processor import run_processor
-from .spark.schema_check import check_against_latest, processor_declarations
-from .spark.task import (
-    DEFAULT_FRAME_ROWS,
-    OperatorConfig,
-    SavepointSource,
-    group_by_key,
-)
-from .spark.vector import column_state_declaration, vector_process
-from .state.value import MAX_BLOCKS, is_block_count
+from .spark import operators
+from .task.context import DEFAULT_FRAME_ROWS, OperatorConfig, SavepointSource
+from .task.executor import DRIVER_ID
 
 log = logging.getLogger("statebackend")
-
-_TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
 
 
 class RocksDBStateBackend:
@@ -94,6 +75,8 @@ class RocksDBStateBackend:
         self._explicit_options = options
         self.storage_options = storage_options
         self._coordinators: dict[str, Any] = {}
+        # per operator planned in the carrier plan: its carry-over at completion
+        self._carry: dict[str, Callable[[Any, int], list[int]]] = {}
         self._options: StateBackendOptions | None = None
         self._lock = threading.Lock()
 
@@ -115,18 +98,19 @@ class RocksDBStateBackend:
         self.__dict__.update(state)
         self.__dict__.setdefault("from_savepoint", None)
         self._coordinators = {}
+        self._carry = {}
         self._options = None
         self._lock = threading.Lock()
 
     # --- options ------------------------------------------------------------------------
 
-    def options_for(self, spark: SparkSession) -> StateBackendOptions:
+    def options_for(self, spark: Any) -> StateBackendOptions:
         """Explicit options > ``spark.statebackend.*`` conf > defaults, with the parallelism
         defaulting to ``spark.sql.shuffle.partitions``."""
+        from .spark.session import session_conf
+
         if self._explicit_options is None:
-            conf = dict(spark.sparkContext.getConf().getAll())
-            conf["spark.sql.shuffle.partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
-            return StateBackendOptions.from_spark_conf(conf)
+            return StateBackendOptions.from_spark_conf(session_conf(spark))
         opts = self._explicit_options
         if opts.parallelism is None:
             p = int(str(spark.conf.get("spark.sql.shuffle.partitions")))
@@ -137,93 +121,35 @@ class RocksDBStateBackend:
 
     # --- the swap-in calls --------------------------------------------------------------
 
-    def transform_with_state(self, grouped_data: GroupedData, statefulProcessor: StatefulProcessor,
-                             outputStructType: StructType | str, outputMode: str = "Update",
-                             timeMode: str = "None", initialState: GroupedData | None = None,
+    def transform_with_state(self, grouped_data: Any, statefulProcessor: Any,
+                             outputStructType: Any, outputMode: str = "Update",
+                             timeMode: str = "None", initialState: Any = None,
                              eventTimeColumnName: str = "", *, operator_id: str | None = None,
-                             flavour: str = "pandas", ticks: bool = False) -> DataFrame:
+                             flavour: str = "pandas", ticks: bool = False) -> Any:
         """Swap-in for ``grouped.transformWithStateInPandas`` (``flavour="pandas"``) and
-        ``grouped.transformWithState`` (``flavour="row"``), same arguments, same output."""
-        if not isinstance(statefulProcessor, StatefulProcessor):
-            raise TypeError("statefulProcessor must be a pyspark.sql.streaming.StatefulProcessor")
-        mode = _TIME_MODES.get(str(timeMode).lower())
-        if mode is None:
-            raise OptionsError("timeMode", timeMode, f"timeMode must be one of {list(_TIME_MODES.values())}")
-        if flavour not in ("pandas", "row"):
-            raise OptionsError("flavour", flavour, "flavour must be 'pandas' or 'row'")
-        _check_output_mode(outputMode)
-        df, keys = plan.grouping_columns(grouped_data)
-        op_id = operator_id or _default_operator_id(statefulProcessor)
-        config = self._config(df, keys, op_id)
-        config.ticks = ticks
-        # as Spark: in event-time mode input at or before the watermark for late events
-        # never reaches the processor
-        config.drop_late = mode == "EventTime"
-        config.timers = mode  # the carrier plan keeps partitions with timers running
-        as_rows = flavour == "row"
-        processor = statefulProcessor
-        # schemas the stored state cannot evolve to fail here, before any task runs
-        check_against_latest(self.coordinator(op_id), processor_declarations(processor, mode))
-        initial_pdf_holder: dict[str, Any] = {}
-        if initialState is not None:
-            # first-batch initial state: collected once on the driver (it is small by nature)
-            init_df, init_keys = plan.grouping_columns(initialState)
-            initial_pdf_holder["pdf"] = init_df.toPandas()
-            initial_pdf_holder["keys"] = init_keys
+        ``grouped.transformWithState`` (``flavour="row"``), same arguments, same output;
+        ``grouped_data`` is ``df.groupBy(...)`` of a classic or a Spark Connect session."""
+        return operators.transform_with_state(
+            self, grouped_data, statefulProcessor, outputStructType, outputMode, timeMode,
+            initialState, eventTimeColumnName, operator_id, flavour, ticks)
 
-        def process(backend, groups, ctx, decode):
-            initial = None
-            if "pdf" in initial_pdf_holder and ctx.first:
-                initial = _initial_groups(initial_pdf_holder, config, ctx.partition)
-            return run_processor(processor, backend, groups, ctx, mode, decode,
-                                 as_rows=as_rows, initial=initial)
-
-        if as_rows:
-            names = _struct(df.sparkSession, outputStructType).fieldNames()
-            row_process = process
-
-            def process(backend, groups, ctx, decode):  # noqa: F811 - Rows -> one frame
-                import pandas as pd
-                rows = row_process(backend, groups, ctx, decode)
-                return [pd.DataFrame([tuple(r) for r in rows], columns=names)] if rows else []
-
-        return self._plan(df, config, process, outputStructType, outputMode)
-
-    def apply_in_pandas_with_state(self, grouped_data: GroupedData, func: Callable,
-                                   outputStructType: StructType | str,
-                                   stateStructType: StructType | str, outputMode: str = "Update",
-                                   timeoutConf: str = "NoTimeout", *,
-                                   operator_id: str | None = None,
-                                   ticks: bool = False) -> DataFrame:
+    def apply_in_pandas_with_state(self, grouped_data: Any, func: Callable,
+                                   outputStructType: Any, stateStructType: Any,
+                                   outputMode: str = "Update", timeoutConf: str = "NoTimeout",
+                                   *, operator_id: str | None = None,
+                                   ticks: bool = False) -> Any:
         """Swap-in for ``grouped.applyInPandasWithState`` with the same arguments."""
-        _check_output_mode(outputMode)
-        timeout = check_timeout_conf(timeoutConf)
-        df, keys = plan.grouping_columns(grouped_data)
-        op_id = operator_id or _default_operator_id(func)
-        config = self._config(df, keys, op_id)
-        config.ticks = ticks
-        # as Spark: with an event-time timeout, late input never reaches the function
-        config.drop_late = timeout == GroupStateTimeout.EventTimeTimeout
-        config.timers = {GroupStateTimeout.EventTimeTimeout: "EventTime",
-                         GroupStateTimeout.ProcessingTimeTimeout: "ProcessingTime",
-                         }.get(timeout, "None")
-        state_schema = _struct(df.sparkSession, stateStructType)
-        check_against_latest(self.coordinator(op_id),
-                             lambda b: declare_group_states(b, state_schema))
+        return operators.apply_in_pandas_with_state(
+            self, grouped_data, func, outputStructType, stateStructType, outputMode,
+            timeoutConf, operator_id, ticks)
 
-        def process(backend, groups, ctx, decode):
-            return run_group_function(func, backend, groups, ctx, state_schema, timeout, decode)
-
-        return self._plan(df, config, process, outputStructType, outputMode)
-
-    def map_in_pandas(self, df: DataFrame, key: str | list[str], func: Callable,
-                      schema: StructType | str, state_schema: StructType | str = "value BIGINT",
-                      *, operator_id: str | None = None,
+    def map_in_pandas(self, df: Any, key: str | list[str], func: Callable, schema: Any,
+                      state_schema: Any = "value BIGINT", *, operator_id: str | None = None,
                       value_blocks: int | None = None,
                       frame_rows: int | None = DEFAULT_FRAME_ROWS,
-                      output_mode: str = "Append") -> DataFrame:
+                      output_mode: str = "Append") -> Any:
         """Run ``func(frames, state)`` over each partition's input with vectorised keyed
-        state (:class:`statebackend.spark.vector.KeyedColumnState`) for ``key``.
+        state (:class:`statebackend.task.vector.KeyedColumnState`) for ``key``.
 
         ``value_blocks=N`` packs the state into N RocksDB entries per key group instead of
         one per key: faster when each batch touches a large share of the keys, more bytes
@@ -240,22 +166,8 @@ class RocksDBStateBackend:
         ``output_mode``: the streaming query's output mode, which the carrier plan
         (``placement="carrier"``) declares to Spark; the shuffle plan ignores it.
         """
-        if value_blocks is not None and not is_block_count(value_blocks):
-            raise OptionsError("value_blocks", value_blocks,
-                               f"value_blocks must be None or an int in 1..{MAX_BLOCKS}, got "
-                               f"{value_blocks!r}")
-        if frame_rows is not None and (isinstance(frame_rows, bool)
-                                       or not isinstance(frame_rows, int) or frame_rows < 1):
-            raise OptionsError("frame_rows", frame_rows,
-                               f"frame_rows must be None or an int >= 1, got {frame_rows!r}")
-        keys = [key] if isinstance(key, str) else list(key)
-        op_id = operator_id or _default_operator_id(func)
-        config = self._config(df, keys, op_id)
-        _check_output_mode(output_mode)
-        process = vector_process(func, config, state_schema, value_blocks, frame_rows)
-        check_against_latest(self.coordinator(op_id),
-                             column_state_declaration(config, state_schema, value_blocks))
-        return self._plan(df, config, process, schema, output_mode)
+        return operators.map_in_pandas(self, df, key, func, schema, state_schema, operator_id,
+                                       value_blocks, frame_rows, output_mode)
 
     # --- coordination -------------------------------------------------------------------
 
@@ -339,7 +251,8 @@ class RocksDBStateBackend:
         that run only, and is refused (WriterFencedError) once a newer run took over."""
         done = []
         for op in [operator_id] if operator_id else list(self._coordinators):
-            done.extend(complete_pending(self.coordinator(op), up_to=up_to, run_id=run_id))
+            done.extend(complete_pending(self.coordinator(op), up_to=up_to, run_id=run_id,
+                                         carry=self._carry.get(op)))
         return done
 
     def checkpoint_summary(self, operator_id: str, checkpoint_id: int) -> dict[str, Any]:
@@ -382,32 +295,32 @@ class RocksDBStateBackend:
             checkpoint_id = latest.checkpoint_id
         return checkpoint_stats(coord.store, operator_id, checkpoint_id)
 
-    def read_state(self, spark: SparkSession, operator_id: str,
+    def read_state(self, spark: Any, operator_id: str,
                    checkpoint_id: int | None = None, state_name: str | None = None, *,
-                   savepoint: str | None = None, distributed: bool = True) -> DataFrame:
+                   savepoint: str | None = None, distributed: bool = True) -> Any:
         """The state of a completed checkpoint (or of a savepoint) as a DataFrame of
         (partition_id, key, state_name, user_key, value, expiration_ms), like Spark's
         ``statestore`` source; one Spark task reads each partition on an executor
         (``distributed=False``: the driver reads them all).
 
-        See :func:`statebackend.spark.read_state.read_state`.
+        See :func:`statebackend.spark.readers.read_state`.
         """
-        from .spark.read_state import read_state
+        from .spark.readers import read_state
 
         return read_state(spark, self.checkpoint_location, operator_id,
                           checkpoint_id=checkpoint_id, state_name=state_name,
                           savepoint=savepoint, distributed=distributed,
                           storage_options=self.storage_options or None)
 
-    def read_changes(self, spark: SparkSession, operator_id: str, from_id: int, to_id: int,
-                     state_name: str | None = None) -> DataFrame:
+    def read_changes(self, spark: Any, operator_id: str, from_id: int, to_id: int,
+                     state_name: str | None = None) -> Any:
         """What was put and deleted from checkpoint ``from_id`` to ``to_id`` (both retained)
         as a DataFrame of (batch_id, operation, partition_id, key, state_name, user_key,
         value, expiration_ms), one Spark task per partition.
 
-        See :mod:`statebackend.spark.changes`.
+        See :mod:`statebackend.read.changes`.
         """
-        from .spark.changes import read_changes
+        from .spark.readers import read_changes
 
         return read_changes(spark, self.checkpoint_location, operator_id, from_id, to_id,
                             state_name, storage_options=self.storage_options or None)
@@ -452,56 +365,17 @@ class RocksDBStateBackend:
         if strategy is None:
             opts = self._explicit_options
             if opts is None:
+                from pyspark.sql import SparkSession
+
                 active = SparkSession.getActiveSession()
                 opts = self.options_for(active) if active is not None else StateBackendOptions()
             strategy = strategy_from_options(opts)
         return supervise(start_query, strategy, backend=self, clock=clock)
 
-    # --- internals ----------------------------------------------------------------------
+    # --- what the driver-side plans need (statebackend.spark.operators.Driver) ----------
 
-    def _config(self, df: DataFrame, keys: list[str], operator_id: str) -> OperatorConfig:
-        check_component(operator_id)
-        spark = df.sparkSession
-        opts = self.options_for(spark)
-        self._options = opts
-        coord = self.coordinator(operator_id)
-        latest = coord.latest()
-        if latest is not None:
-            from .savepoint.reader import check_max_parallelism
-
-            check_max_parallelism(latest.max_parallelism, opts.max_parallelism,
-                                  f"the state of operator {operator_id!r}")
-            if latest.parallelism != opts.parallelism:
-                # checkpoints the previous run published but did not complete have its layout
-                coord.parallelism = latest.parallelism
-                try:
-                    complete_pending(coord)
-                except IncompatibleStateError:
-                    pass  # written by a run with the new layout: completed just below
-        coord.parallelism = opts.parallelism
-        complete_pending(coord)
-        epoch = run_id = None
-        if not df.isStreaming:
-            latest = coord.latest()
-            epoch = 0 if latest is None else latest.checkpoint_id + 1
-            run_id = f"batch-{uuid.uuid4().hex}"  # the writer identity of this run
-        parallelism = opts.parallelism
-        assert parallelism is not None  # options_for always resolves it
-        latest = coord.latest()
-        if latest is not None and latest.parallelism != parallelism:
-            log.warning("operator %s: state has parallelism %d, query asks for %d",
-                        operator_id, latest.parallelism, parallelism)
-        watermark = plan.watermark_of(df) if df.isStreaming else None
-        self._ensure_listener(spark)
-        return OperatorConfig(operator_id=operator_id,
-                              checkpoint_location=self.checkpoint_location,
-                              storage_options=self.storage_options, options=opts,
-                              parallelism=parallelism, key=plan.key_spec(df, keys), epoch=epoch,
-                              run_id=run_id,
-                              watermark=watermark,
-                              from_savepoint=self._savepoint_source(operator_id))
-
-    def _savepoint_source(self, operator_id: str) -> SavepointSource | None:
+    def savepoint_source(self, operator_id: str) -> SavepointSource | None:
+        """Where a new state of ``operator_id`` starts from (``from_savepoint``), if set."""
         if not self.from_savepoint:
             return None
         sp = self.from_savepoint
@@ -511,32 +385,20 @@ class RocksDBStateBackend:
             sp = f"{self.checkpoint_location.rstrip('/')}/{operator_id}/{savepoint_dir(sp)}"
         return SavepointSource(sp, self.storage_options)
 
-    def _plan(self, df: DataFrame, config: OperatorConfig, process, schema,
-              output_mode: str | None = None) -> DataFrame:
-        from .spark.carrier import uses_carrier
-        from .spark.operator_plan import operator_plan
+    def attach(self, spark: Any, config: OperatorConfig) -> None:
+        """An operator was planned on ``spark``: complete its checkpoints when Spark
+        finishes micro-batches (the session's listener), and, under the carrier plan,
+        publish the carried checkpoints of its partitions that ran no task
+        (:func:`statebackend.restore.carry.carry_on_driver`) as completion passes them."""
+        from .spark.listener import register_backend
 
-        if uses_carrier(df, config, output_mode):
-            self._carry_on_driver(config)
-        return operator_plan(df, config, process, _struct(df.sparkSession, schema),
-                             output_mode, self.checkpoint_location)
-
-    def _carry_on_driver(self, config: OperatorConfig) -> None:
-        """Completing a micro-batch Spark committed publishes the checkpoints of the
-        carrier's partitions that had no rows in it
-        (:func:`statebackend.restore.carry.carry_on_driver`)."""
-        import functools
-
-        from .checkpoint.publish import ManifestFacts
-        from .restore.carry import carry_on_driver
-
-        opts, sp = config.options, config.from_savepoint
-        self.coordinator(config.operator_id).carry = functools.partial(
-            carry_on_driver, options=opts,
-            local_root=opts.resolved_local_dir(executor_id=DRIVER_ID),
-            facts=ManifestFacts(key_columns=tuple(config.key.columns),
-                                key_types=tuple(config.key.types)),
-            savepoint=None if sp is None else (sp.url, dict(sp.storage_options)))
+        with self._lock:
+            self._options = config.options
+            if config.carrier:
+                self._carry[config.operator_id] = _carry_hook(config)
+            else:
+                self._carry.pop(config.operator_id, None)
+        register_backend(spark, self)
 
     def observation_name(self, operator_id: str) -> str:
         """The name of the operator's observed metrics in its query's progress: read the
@@ -547,44 +409,15 @@ class RocksDBStateBackend:
 
         return observation_name(self.checkpoint_location, operator_id)
 
-    def _ensure_listener(self, spark: SparkSession) -> None:
-        from .spark.listener import register_backend
 
-        register_backend(spark, self)
+def _carry_hook(config: OperatorConfig) -> Callable[[Any, int], list[int]]:
+    from .checkpoint.publish import ManifestFacts
+    from .restore.carry import carry_on_driver
 
-
-def _check_output_mode(mode: str) -> None:
-    if str(mode).lower() not in ("update", "append", "complete"):
-        raise OptionsError("outputMode", mode, "outputMode must be 'Update', 'Append' or 'Complete'")
-
-
-def _default_operator_id(obj: Any) -> str:
-    name = type(obj).__name__ if not callable(obj) or isinstance(obj, StatefulProcessor) \
-        else getattr(obj, "__name__", type(obj).__name__)
-    return re.sub(r"[^A-Za-z0-9._=-]", "_", name) or "operator"
-
-
-def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
-    if isinstance(schema, StructType):
-        return schema
-    return spark.createDataFrame([], schema).schema
-
-
-def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
-    import numpy as np
-
-    from .keys.groups import key_groups
-    from .keys.ranges import partition_for_key_group
-
-    pdf = holder["pdf"]
-    keys = holder["keys"]
-    if not len(pdf):
-        return None
-    cols = [pdf[c].to_numpy() for c in keys]
-    kg = key_groups(cols, list(config.key.types), config.max_parallelism)
-    owner = partition_for_key_group(np.asarray(kg), config.parallelism, config.max_parallelism)
-    mask = np.asarray(owner) == partition
-    if not mask.any():
-        return None
-    sub = pdf[mask].rename(columns=dict(zip(keys, config.key.columns)))
-    return group_by_key(sub, config.key, np.asarray(kg)[mask])
+    opts, sp = config.options, config.from_savepoint
+    return functools.partial(
+        carry_on_driver, options=opts,
+        local_root=opts.resolved_local_dir(executor_id=DRIVER_ID),
+        facts=ManifestFacts(key_columns=tuple(config.key.columns),
+                            key_types=tuple(config.key.types)),
+        savepoint=None if sp is None else (sp.url, dict(sp.storage_options)))

@@ -83,20 +83,27 @@ def expected_totals(batches: int, events: int, keys: int) -> pd.DataFrame:
     return g.rename(columns={"sum": "total"}).sort_values("user").reset_index(drop=True)
 
 
-def spark_session(master: str, partitions: int):
+def spark_session(master: str, partitions: int, remote: str | None = None):
+    """The demo's session: classic on ``master``, or a Spark Connect session to ``remote``
+    (``sc://host:port``, or ``local[N]`` for a local Connect server pyspark starts)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from statebackend.spark.session import start_jvm_detached
+    from statebackend.spark.jvm import start_jvm_detached
 
-    conf = {"spark.master": master, "spark.app.name": "statebackend-demo",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",  # our own line per batch instead
-            "spark.driver.host": "127.0.0.1",
-            "spark.sql.shuffle.partitions": str(partitions),
+    conf = {"spark.sql.shuffle.partitions": str(partitions),
             "spark.sql.streaming.noDataMicroBatches.enabled": "false"}
+    if remote is not None:
+        builder = SparkSession.builder.remote(remote)
+        for k, v in conf.items():
+            builder = builder.config(k, v)
+        return builder.getOrCreate()
+    conf.update({"spark.master": master, "spark.app.name": "statebackend-demo",
+                 "spark.ui.enabled": "false",
+                 "spark.ui.showConsoleProgress": "false",  # our own line per batch instead
+                 "spark.driver.host": "127.0.0.1"})
     # Ctrl-C reaches only this process: Spark's Python workers would otherwise die
     # mid-task with a KeyboardInterrupt traceback each
     start_jvm_detached(conf)
@@ -117,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--keys", type=int, default=5_000)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--remote", default=None,
+                    help="run on a Spark Connect session instead: sc://host:port, or local[N] "
+                         "for a local Connect server (needs pip install 'pyspark[connect]')")
     ap.add_argument("--fresh", action="store_true", help="delete the demo directory first")
     return ap
 
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     own_session = SparkSession.getActiveSession() is None  # embedded in a bigger program?
-    spark = spark_session(args.master, args.partitions)
+    spark = spark_session(args.master, args.partitions, args.remote)
     backend = RocksDBStateBackend(state_url, StateBackendOptions(
         parallelism=args.partitions, local_dir=os.path.join(base, "local")))
     events = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)

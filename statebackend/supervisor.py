@@ -159,7 +159,7 @@ def await_query(query: QueryLike, guard: InterruptGuard, poll_s: float = 0.5,
         if on_poll is not None:
             on_poll(query)
     if quiet_stop:
-        from .spark.session import silence_spark_log
+        from .spark.jvm import silence_spark_log
 
         silence_spark_log(query)
     query.stop()

@@ -3,6 +3,7 @@ and never shows storage options or URL credentials (issue 23, items 4 and 5)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 
@@ -14,8 +15,8 @@ from statebackend.keys.ranges import DEFAULT_MAX_PARALLELISM
 from statebackend.options import check_location, coerce_options
 from statebackend.redact import redact_options, redact_text, redact_url
 from statebackend.spark.plan import KeySpec
-from statebackend.spark.task import OperatorConfig, SavepointSource
 from statebackend.storage import open_store
+from statebackend.task.context import OperatorConfig, SavepointSource
 
 SECRET = "s3cr3t-Pa55"
 
@@ -143,8 +144,9 @@ def _config(url: str) -> OperatorConfig:
 def test_operator_config_repr_hides_storage_options_and_credentials() -> None:
     cfg = _config(f"s3://AKIA:{SECRET}@bucket/state")
     # a savepoint to start from carries its own location and storage options
-    cfg.from_savepoint = SavepointSource(f"s3://AKIA:{SECRET}@bucket/sp", {"key": SECRET})
-    cfg.ticks = True
+    cfg = dataclasses.replace(
+        cfg, from_savepoint=SavepointSource(f"s3://AKIA:{SECRET}@bucket/sp", {"key": SECRET}),
+        ticks=True)
     text = repr(cfg) + str(cfg)
     assert SECRET not in text
     assert "s3://AKIA:***@bucket/state" in text and "'secret': ***" in text

@@ -37,7 +37,8 @@ LAYERS: list[list[str]] = [
     ["checkpoint"],  # one partition's checkpoint and restore
     ["coordinator", "savepoint", "metrics", "metrics_store"],  # the driver; savepoints; checkpoint metrics
     ["restore"],  # restores across checkpoints (rescale)
-    ["spark"],  # the only package that imports pyspark
+    ["task", "read"],  # executor side: one partition's task; readers of stored state
+    ["spark"],  # driver side: session adapters, plans, completion; the only session API user
     ["restart", "supervisor", "verify"],
     ["backend"],
     ["__init__"],  # the public names
@@ -226,11 +227,12 @@ def test_no_import_cycle() -> None:
 
 
 def test_spark_tasks_do_not_import_the_driver_coordinator() -> None:
-    # The executor's side (spark/) reads records through storage.records; the driver's
-    # coordinator (completion, retention, deletion) is only ever the driver's.
+    # The executor's side (task/) and the readers read records through storage.records;
+    # the driver's coordinator (completion, retention, deletion) is only ever the driver's.
     graph = module_graph(_root())
     offenders = {m: sorted(d for d in deps if d.startswith("statebackend.coordinator"))
-                 for m, deps in graph.items() if m.startswith("statebackend.spark")}
+                 for m, deps in graph.items()
+                 if m.startswith(("statebackend.task", "statebackend.read"))}
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
@@ -249,8 +251,69 @@ def test_the_checker_sees_type_checking_and_function_imports(tmp_path: Path) -> 
     graph = module_graph(tmp_path)
     assert find_cycles(graph) == [[f"{PACKAGE}.model.a", f"{PACKAGE}.model.b"]]
     assert layer_violations(graph) == [  # the package's __init__ runs first, then run.py
-        f"{PACKAGE}.model.a (layer 1) imports {PACKAGE}.spark (layer 8)",
-        f"{PACKAGE}.model.a (layer 1) imports {PACKAGE}.spark.run (layer 8)"]
+        f"{PACKAGE}.model.a (layer 1) imports {PACKAGE}.spark (layer 9)",
+        f"{PACKAGE}.model.a (layer 1) imports {PACKAGE}.spark.run (layer 9)"]
+
+
+# The driver side: the only units that may reach a Spark session (the executor's task, the
+# readers and everything below them run where no session exists, and on Spark Connect the
+# client has no JVM: DESIGN.md invariant 14).
+DRIVER_UNITS = {"spark", "backend", "demo"}
+# Modules, and names imported from a module, that are a session's API: a session, its
+# DataFrames and Columns, functions building plans, the JVM gateway, RDDs, listeners.
+SESSION_MODULES = ("py4j", "pyspark.java_gateway", "pyspark.core", "pyspark.context",
+                   "pyspark.rdd", "pyspark.sql.session", "pyspark.sql.dataframe",
+                   "pyspark.sql.column", "pyspark.sql.functions", "pyspark.sql.group",
+                   "pyspark.sql.readwriter", "pyspark.sql.connect", "pyspark.sql.observation",
+                   "pyspark.sql.streaming.query", "pyspark.sql.streaming.readwriter",
+                   "pyspark.sql.streaming.listener", "pyspark.sql.window")
+SESSION_NAMES = {"SparkSession", "DataFrame", "Column", "GroupedData", "functions",
+                 "SparkContext", "SparkConf", "Observation", "Window", "StreamingQuery",
+                 "StreamingQueryListener", "DataStreamReader", "DataStreamWriter", "RDD"}
+
+
+def _is_session_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in SESSION_MODULES)
+
+
+def session_api_imports(root: Path) -> list[str]:
+    """``module: imported name`` for every session API imported outside the driver side."""
+    out = []
+    for module, path in module_files(root).items():
+        if unit_of(module) in DRIVER_UNITS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                out += [f"{module}: {a.name}" for a in node.names if _is_session_module(a.name)]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module and (
+                    node.module == "pyspark" or node.module.startswith("pyspark.")):
+                out += [f"{module}: {node.module}.{a.name}" for a in node.names
+                        if _is_session_module(node.module)
+                        or _is_session_module(f"{node.module}.{a.name}")
+                        or a.name in SESSION_NAMES]
+    return sorted(out)
+
+
+def test_session_apis_only_on_the_driver_side() -> None:
+    assert session_api_imports(_root()) == []
+
+
+def test_the_session_rule_sees_every_form_of_import(tmp_path: Path) -> None:
+    pkg = tmp_path / PACKAGE
+    for sub in ("task", "spark", "read"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "task" / "a.py").write_text(
+        "from pyspark import TaskContext\nfrom pyspark.sql.types import StructType\n"
+        "def f():\n    from pyspark.sql import functions as F, Row\n"
+        "    import py4j.java_gateway\n")
+    (pkg / "read" / "b.py").write_text("from pyspark.sql import SparkSession\n")
+    (pkg / "spark" / "c.py").write_text("from pyspark.sql import SparkSession, DataFrame\n")
+    assert session_api_imports(tmp_path) == [
+        f"{PACKAGE}.read.b: pyspark.sql.SparkSession",
+        f"{PACKAGE}.task.a: py4j.java_gateway",
+        f"{PACKAGE}.task.a: pyspark.sql.functions"]
 
 
 def format_package_graph(root: Path) -> str:

@@ -192,7 +192,7 @@ def test_local_dir_executor_id_placeholder() -> None:
 
 
 def test_executor_id_read_from_the_executor_jvm_command_line(monkeypatch) -> None:
-    from statebackend.spark import executor as ex
+    from statebackend.task import executor as ex
 
     assert ex.executor_id_from_cmdline(
         ["java", "-cp", "x", "org.apache.spark.executor.CoarseGrainedExecutorBackend",

@@ -25,7 +25,7 @@ def _write(frame: Any, view: Any, state: str | None, fmt: str, args: argparse.Na
            out: TextIO) -> None:
     """``frame`` to ``args.output`` (``-``: ``out``): nested columns typed in Parquet, as
     JSON in CSV."""
-    from ..spark.state_arrow import nested_as_json, write_parquet
+    from ..read.arrow import nested_as_json, write_parquet
 
     if fmt == "csv":
         nested_as_json(frame, view, state).to_csv(
@@ -35,7 +35,7 @@ def _write(frame: Any, view: Any, state: str | None, fmt: str, args: argparse.Na
 
 
 def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
-    from ..spark.read_state import load_checkpoint, read_rows, rows_to_pandas
+    from ..read.rows import load_checkpoint, read_rows, rows_to_pandas
 
     fmt = _output_format(args)
     store = args.open_store()
@@ -63,7 +63,7 @@ def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
     """What was put and deleted between two retained checkpoints, to Parquet or CSV."""
-    from ..spark.changes import change_rows, changes_to_pandas, plan_changes
+    from ..read.changes import change_rows, changes_to_pandas, plan_changes
 
     fmt = _output_format(args)
     store = args.open_store()

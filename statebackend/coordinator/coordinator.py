@@ -64,7 +64,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleStateError
 from ..model.manifest import CompletedCheckpoint, PartitionManifest, check_component
@@ -162,10 +161,6 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._gc_future: Future[GcReport] | None = None
         self._gc_again = False
         self.fencing = fencing
-        # the carrier plan's carry-over of partitions that ran no task in a committed
-        # micro-batch, ``carry(coordinator, checkpoint_id) -> partitions carried``
-        # (statebackend.restore.carry.carry_on_driver); set by the backend
-        self.carry: Callable[[Any, int], list[int]] | None = None
         # the writer epoch this coordinator last acted under, and the run it acts for
         self._epoch: int | None = None
         self._epoch_run: str | None = None  # the run that holds self._epoch

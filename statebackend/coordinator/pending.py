@@ -8,7 +8,8 @@ from ..metrics_store import record_checkpoint
 __all__ = ["complete_pending"]
 
 
-def complete_pending(coordinator, up_to: int | None = None, run_id: str | None = None) -> list:
+def complete_pending(coordinator, up_to: int | None = None, run_id: str | None = None,
+                     carry=None) -> list:
     """Complete, in order, every checkpoint after the latest completed one that all
     partitions have published (a driver that crashed or missed events catches up here).
 
@@ -35,7 +36,6 @@ def complete_pending(coordinator, up_to: int | None = None, run_id: str | None =
             # directory (and reads of the manifests published so far) every micro-batch
             break
         record = coordinator.try_complete(n, committed=up_to is not None, run_id=run_id)
-        carry = coordinator.carry
         if record is None and carry is not None and up_to is not None and carry(coordinator, n):
             # Spark committed n: the carrier's partitions without rows ran no task in it
             # (statebackend.restore.carry), and now have their carried checkpoints

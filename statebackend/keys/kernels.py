@@ -33,7 +33,7 @@ A ``mask`` is a ``bool`` array, True where the value is present.
 :class:`statebackend.keys.columns.FixedColumns`) into one bytes object per row.
 
 Four kernels work on *value blocks*, many keys' values in one RocksDB entry (the block
-layout of :class:`statebackend.spark.vector.KeyedColumnState`)::
+layout of :class:`statebackend.task.vector.KeyedColumnState`)::
 
     block := 0x01 varint(n) entry{n}        entries in strictly ascending bytewise key order
     entry := varint(len(key)) key varint(len(value)) value

@@ -507,7 +507,7 @@ class StateBackendOptions:
         ----------
         executor_id : str, optional
             Replaces ``{executor_id}`` in ``local_dir``; required when it has one (on an
-            executor, :func:`statebackend.spark.executor.current_executor_id`).
+            executor, :func:`statebackend.task.executor.current_executor_id`).
         """
         if self.local_dir is not None:
             path = self.local_dir

@@ -13,7 +13,7 @@ for our partition ``p`` is chosen so that Spark's hash partitioning of an ``int`
 to Spark partition ``p mod N`` (``N``: the query's shuffle partitions). Each of our
 partitions is one group: the function is called once per partition per micro-batch with
 the partition's whole input as an iterator of pandas frames, and runs exactly the task
-of today's plan (:func:`statebackend.spark.runner.run_partition`) on it, batch at a time.
+of today's plan (:func:`statebackend.task.runner.run_partition`) on it, batch at a time.
 The carrier's own state store stays empty for operators without timers, and holds one
 tiny row per partition for operators with timers (:func:`carrier_timeout`).
 
@@ -44,10 +44,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..keys.groups import spark_hashes
+from ..options import StateBackendOptions
+from ..task.columns import KG_COL, PID_COL, key_groups_in_task
+from ..task.context import PTIME_COL, OperatorConfig
 from . import plan
-from .task import PTIME_COL, OperatorConfig
 
-PID_COL = plan.PID_COL
 # Output modes the carrier (applyInPandasWithState) supports; "Complete" keeps today's plan.
 CARRIER_OUTPUT_MODES = ("append", "update")
 
@@ -110,20 +111,20 @@ def carrier_timeout(config: OperatorConfig) -> str:
 def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., list],
                  schema: Any, output_mode: str) -> DataFrame:
     """``df`` (ticks already added) run through the carrier: each group runs
-    :func:`~statebackend.spark.runner.run_partition` for its partition with ``process``."""
+    :func:`~statebackend.task.runner.run_partition` for its partition with ``process``."""
     timeout = carrier_timeout(config)
     n_spark = spark_partitions_of(df)
     values = carrier_values(config.parallelism, n_spark)
     partition_of = {v: p for p, v in enumerate(values)}
     kg, route = plan.route_column(config.parallelism, config.max_parallelism,
                                   list(config.key.columns), values)
-    if not plan.key_groups_in_task(config.key.types):
-        df = df.withColumn(plan.KG_COL, kg)
+    if not key_groups_in_task(config.key.types):
+        df = df.withColumn(KG_COL, kg)
     df = (df.withColumn(PID_COL, route.cast("int"))
             .withColumn(PTIME_COL, F.unix_millis(F.current_timestamp())))
 
     def carry(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
-        from .runner import run_partition
+        from ..task.runner import run_partition
 
         out = list(run_partition(config, frames, process, partition=partition_of[int(key[0])]))
         if timeout == "ProcessingTimeTimeout":
@@ -139,8 +140,8 @@ def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., l
         carry, schema, "alive INT", mode, timeout)
 
 
-def uses_carrier(df: DataFrame, config: OperatorConfig, output_mode: str | None) -> bool:
+def uses_carrier(df: DataFrame, options: StateBackendOptions, output_mode: str | None) -> bool:
     """Whether this operator runs in the carrier plan: a streaming DataFrame, the option
     on, and an output mode the carrier supports (batch DataFrames keep today's plan)."""
-    return (df.isStreaming and config.options.placement == "carrier"
+    return (df.isStreaming and options.placement == "carrier"
             and str(output_mode or "append").lower() in CARRIER_OUTPUT_MODES)

@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from ..errors import WriterFencedError
 from ..redact import redact_text, redact_url
+from .session import is_connect, session_key, wait_for_listener_bus
 
 log = logging.getLogger("statebackend.listener")
 
@@ -171,10 +172,17 @@ class _SessionListener(StreamingQueryListener):
         finally:
             self._exit()
         if last:
-            self.sync()
+            if is_connect(self._spark):
+                # Connect's client calls listeners holding its bus's lock, and removing
+                # one waits for the bus's thread: that is this thread, so remove from
+                # another one, once this callback has returned
+                threading.Thread(target=self.sync, name="statebackend-listener-removal",
+                                 daemon=True).start()
+            else:
+                self.sync()
 
 
-_SESSION_LISTENERS: dict[int, _SessionListener] = {}
+_SESSION_LISTENERS: dict[Any, _SessionListener] = {}
 _REGISTRY_LOCK = threading.Lock()
 _AT_EXIT = False
 
@@ -182,7 +190,7 @@ _AT_EXIT = False
 def register_backend(spark: Any, backend: Any) -> None:
     """Have ``backend``'s checkpoints completed after every micro-batch of ``spark``."""
     global _AT_EXIT
-    key = id(spark.sparkContext._jsc)
+    key = session_key(spark)
     with _REGISTRY_LOCK:
         listener = _SESSION_LISTENERS.get(key)
         if listener is None:
@@ -198,7 +206,7 @@ def release(spark: Any) -> None:
     """Remove the session's listener (call it before ``spark.stop()``), waiting for a
     callback already running; planning an operator again adds it again."""
     with _REGISTRY_LOCK:
-        listener = _SESSION_LISTENERS.pop(id(spark.sparkContext._jsc), None)
+        listener = _SESSION_LISTENERS.pop(session_key(spark), None)
     if listener is not None:
         _release(listener)
 
@@ -217,8 +225,7 @@ def _release(listener: _SessionListener) -> None:
     # An event Spark's bus took before the removal may still be on its way to Python:
     # the process must not end before it is answered (callbacks now return at once).
     try:
-        bus = listener._spark.sparkContext._jsc.sc().listenerBus()
-        bus.waitUntilEmpty(int(_DRAIN_TIMEOUT_S * 1000))
+        wait_for_listener_bus(listener._spark, _DRAIN_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - stopped session (no bus) or a timeout: go on
         log.debug("waiting for Spark's listener bus failed", exc_info=True)
     if not listener.drain():

@@ -2,7 +2,7 @@
 :func:`.plan.place` + ``mapInPandas``, or the carrier plan, :mod:`.carrier`), and how its
 metrics reach the streaming query's progress (:mod:`.progress`).
 
-Both plans run :func:`~statebackend.spark.runner.run_partition` for each partition, and
+Both plans run :func:`~statebackend.task.runner.run_partition` for each partition, and
 both carry the metrics the same way: the operator's output has one more hidden column,
 each task (each of our partitions, under the carrier) adds one metrics row, the plan
 observes the output under the operator's observation name and then keeps only the user's
@@ -12,18 +12,17 @@ rows and columns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from ..task.context import PTIME_COL, OperatorConfig
+from ..task.runner import make_task
 from . import plan
-from .carrier import carrier_plan, uses_carrier
+from .carrier import carrier_plan
 from .listener import observation_name
-from .progress import METRICS_COL, metrics_row_values, observed_columns
-from .runner import make_task
-from .task import PTIME_COL, OperatorConfig
+from .progress import METRICS_COL, observed_columns
 
 __all__ = ["operator_plan"]
 
@@ -39,15 +38,13 @@ def operator_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., 
     streaming = df.isStreaming
     if config.ticks and streaming:
         df = plan.with_ticks(df)
-    carrier = uses_carrier(df, config, output_mode)
-    config = replace(config, carrier=carrier)
-    progress = streaming and config.options.progress_metrics
+    # the builder decided the plan and the metrics row (statebackend.spark.operators)
+    progress = config.progress_columns is not None
     if progress:
-        config = replace(config, progress_columns=metrics_row_values(schema))
         out_schema = StructType([*schema.fields, StructField(METRICS_COL, StringType(), True)])
     else:
         out_schema = schema
-    if carrier:
+    if config.carrier:
         out = carrier_plan(df, config, process, out_schema, str(output_mode or "Append"))
     else:
         placed = plan.place(df, config.key, config.parallelism, config.max_parallelism)

@@ -12,66 +12,12 @@ for key types whose pandas form does not keep what Spark hashes (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pyspark.sql import Column, DataFrame, GroupedData
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from ..errors import StateBackendError
 from ..keys.placement import placement_values
-
-KG_COL = "__sb_kg"
-TICK_COL = "__sb_tick"
-PID_COL = "__sb_pid"  # the carrier plan's grouping column (statebackend.spark.carrier)
-INTERNAL_COLUMNS = (KG_COL, TICK_COL, PID_COL)
-
-# Key types whose pandas values in a task are exactly what Spark's hash() reads: tasks
-# compute their key groups with the native kernel instead of receiving a column. Not
-# here: timestamps (pandas holds them in the session time zone), float/double (NaN and
-# null are one value in pandas), integers (with nulls a column arrives as float64 or as
-# objects, depending on the PySpark version), collated strings (their hash depends on
-# the collation).
-_TASK_HASHED_TYPES = frozenset({"string", "binary"})
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """The grouping columns of a stateful operator and their Spark type names."""
-
-    columns: tuple[str, ...]
-    types: tuple[str, ...]
-
-
-def grouping_columns(grouped: GroupedData | tuple[DataFrame, list[str]]) -> tuple[DataFrame, list[str]]:
-    """The DataFrame and grouping column names behind ``df.groupBy(...)``.
-
-    Accepts a :class:`pyspark.sql.GroupedData` (plain column names or column references)
-    or an explicit ``(df, [column, ...])`` pair.
-    """
-    if isinstance(grouped, tuple):
-        df, cols = grouped
-        return df, [c if isinstance(c, str) else str(c) for c in cols]
-    if not isinstance(grouped, GroupedData):
-        raise TypeError(f"expected df.groupBy(...) (GroupedData) or (df, [columns]), "
-                        f"got {type(grouped).__name__}")
-    df = grouped._df
-    names: list[str] = []
-    exprs = grouped._jgd.groupingExprs()
-    for i in range(exprs.size()):
-        expr = exprs.apply(i)
-        cls = expr.getClass().getSimpleName()
-        if cls in ("UnresolvedAttribute", "AttributeReference"):
-            names.append(expr.name())
-        else:
-            raise StateBackendError(
-                f"grouping by the expression {expr.sql()} is not supported: add it as a column "
-                f"first, e.g. df.withColumn('k', <expr>).groupBy('k')")
-    missing = [n for n in names if n not in df.columns]
-    if missing:
-        raise StateBackendError(f"grouping columns {missing} are not columns of the DataFrame "
-                                f"{df.columns}")
-    return df, names
+from ..task.columns import KG_COL, TICK_COL, KeySpec, key_groups_in_task
 
 
 def spark_type_name(dt: DataType) -> str:
@@ -82,12 +28,6 @@ def spark_type_name(dt: DataType) -> str:
 def key_spec(df: DataFrame, columns: list[str]) -> KeySpec:
     fields = {f.name: f for f in df.schema.fields}
     return KeySpec(tuple(columns), tuple(spark_type_name(fields[c].dataType) for c in columns))
-
-
-def key_groups_in_task(key_types: tuple[str, ...] | list[str]) -> bool:
-    """Whether tasks compute key groups from the key columns themselves (``True``) or
-    receive them in the ``__sb_kg`` column computed by Spark."""
-    return all(t in _TASK_HASHED_TYPES for t in key_types)
 
 
 def route_column(parallelism: int, max_parallelism: int, key_columns: list[str],
@@ -128,23 +68,3 @@ def with_ticks(df: DataFrame) -> DataFrame:
              .select(F.lit(True).alias(TICK_COL)))
     return (df.withColumn(TICK_COL, F.lit(False))
               .unionByName(ticks, allowMissingColumns=True))
-
-
-def watermark_of(df: DataFrame) -> tuple[str, int] | None:
-    """(event-time column, delay in ms) of the ``withWatermark`` upstream of ``df``, if any."""
-    plan = df._jdf.queryExecution().logical()
-    stack = [plan]
-    while stack:
-        node = stack.pop()
-        if node.getClass().getSimpleName() == "EventTimeWatermark":
-            from py4j.java_gateway import get_field
-
-            delay = node.delay()
-            # Spark counts a month as 31 days when it turns a watermark delay into ms
-            days = get_field(delay, "months") * 31 + get_field(delay, "days")
-            delay_ms = days * 86_400_000 + get_field(delay, "microseconds") // 1000
-            return node.eventTime().name(), int(delay_ms)
-        children = node.children()
-        for i in range(children.size()):
-            stack.append(children.apply(i))
-    return None

@@ -94,7 +94,7 @@ def processor_declarations(processor: Any, time_mode: str) -> Declare:
     """
     from pyspark import cloudpickle
 
-    from .processor import RocksDBProcessorHandle
+    from ..task.processor import RocksDBProcessorHandle
 
     def declare(backend: KeyedStateBackend) -> None:
         try:

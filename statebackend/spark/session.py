@@ -1,62 +1,247 @@
-"""Starting Spark's JVM so that Ctrl-C in the terminal reaches only the Python driver.
+"""What differs between a classic Spark session and a Spark Connect session, in one place.
 
-A terminal sends SIGINT to every process of its foreground process group: the driver, the
-JVM (pyspark starts it ignoring SIGINT) and the Python workers the JVM forks, which turn it
-into a ``KeyboardInterrupt`` in the middle of their task (a failed task and a traceback
-in the log). Started in its own session, the JVM and its workers never see the terminal's
-signals; the driver then stops the query itself
-(:class:`statebackend.supervisor.InterruptGuard`). The JVM still ends with the driver:
-it exits when its standard input, a pipe from the driver, closes.
+A classic session lives in the same process as a JVM (py4j: ``df._jdf``,
+``spark.sparkContext``); a Spark Connect session is a client of a server, with other
+classes for its sessions, DataFrames, columns and grouped data, and no JVM in the
+process. Everything else of our driver side uses the public DataFrame API, which both
+kinds share; what cannot be read that way (the grouping columns of a ``GroupedData``, the
+watermark of a plan, the session's configuration and master) is read here, from the
+JVM's plan on a classic session and from the client's own plan on a Connect session.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+import re
 from typing import Any
 
-__all__ = ["silence_spark_log", "start_jvm_detached"]
+from ..errors import OptionsError, StateBackendError
+
+__all__ = ["grouping_columns", "is_connect", "master_of", "parse_delay_ms", "session_conf",
+           "session_key", "session_of", "set_log_level", "wait_for_listener_bus",
+           "watermark_of"]
 
 
-def start_jvm_detached(conf: Mapping[str, str] | None = None) -> bool:
-    """Launch Spark's JVM in a new session, before the first ``SparkSession`` is built.
-
-    Parameters
-    ----------
-    conf : mapping, optional
-        Spark settings passed to ``spark-submit`` (those read only at JVM start, such as
-        ``spark.driver.memory``, must be here; give the same ones to the builder).
-
-    Returns
-    -------
-    bool
-        False when a JVM already runs (or pyspark was started by ``spark-submit``):
-        nothing was changed.
-    """
-    from pyspark import SparkConf
-    from pyspark.core.context import SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
-        return False
-    spark_conf = SparkConf(loadDefaults=False)
-    for k, v in (conf or {}).items():
-        spark_conf.set(k, v)
-    gateway = launch_gateway(spark_conf, popen_kwargs={"start_new_session": True})
-    SparkContext._ensure_initialized(gateway=gateway)
-    return True
+def is_connect(obj: Any) -> bool:
+    """Whether ``obj`` (a session, DataFrame, Column or GroupedData) is Spark Connect's."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
-def silence_spark_log(query: Any) -> None:
-    """Turn Spark's log off for the session of ``query`` (a ``StreamingQuery``), before a
-    deliberate stop whose cancelled jobs and tasks Spark would log as errors."""
+def session_of(df: Any) -> Any:
+    return df.sparkSession
+
+
+def _is_grouped(obj: Any) -> bool:
     try:
-        spark = getattr(query, "sparkSession", None)
-        if spark is None:
-            from pyspark.sql import SparkSession
+        from pyspark.sql import GroupedData
+    except ImportError:  # pragma: no cover - pyspark-client without the classic API
+        GroupedData = ()  # noqa: N806
+    if isinstance(obj, GroupedData):
+        return True
+    if is_connect(obj):
+        from pyspark.sql.connect.group import GroupedData as ConnectGroupedData
 
-            spark = SparkSession.getActiveSession()
-        if spark is not None:
-            spark.sparkContext.setLogLevel("OFF")
-    except Exception:  # noqa: BLE001 - quieter output only; the stop goes on regardless
-        pass
+        return isinstance(obj, ConnectGroupedData)
+    return False
+
+
+def grouping_columns(grouped: Any) -> tuple[Any, list[str]]:
+    """The DataFrame and grouping column names behind ``df.groupBy(...)``, of either kind
+    of session.
+
+    Accepts a ``GroupedData`` (plain column names or column references) or an explicit
+    ``(df, [column, ...])`` pair.
+    """
+    if isinstance(grouped, tuple):
+        df, cols = grouped
+        return df, [c if isinstance(c, str) else str(c) for c in cols]
+    if not _is_grouped(grouped):
+        raise TypeError(f"expected df.groupBy(...) (GroupedData) or (df, [columns]), "
+                        f"got {type(grouped).__module__}.{type(grouped).__name__}")
+    df = grouped._df
+    names = (_connect_grouping_names(grouped) if is_connect(grouped)
+             else _classic_grouping_names(grouped))
+    missing = [n for n in names if n not in df.columns]
+    if missing:
+        raise StateBackendError(f"grouping columns {missing} are not columns of the DataFrame "
+                                f"{df.columns}")
+    return df, names
+
+
+def _not_a_column(text: str) -> StateBackendError:
+    return StateBackendError(
+        f"grouping by the expression {text} is not supported: add it as a column first, "
+        f"e.g. df.withColumn('k', <expr>).groupBy('k')")
+
+
+def _classic_grouping_names(grouped: Any) -> list[str]:
+    names: list[str] = []
+    exprs = grouped._jgd.groupingExprs()
+    for i in range(exprs.size()):
+        expr = exprs.apply(i)
+        if expr.getClass().getSimpleName() not in ("UnresolvedAttribute", "AttributeReference"):
+            raise _not_a_column(expr.sql())
+        names.append(expr.name())
+    return names
+
+
+def _connect_grouping_names(grouped: Any) -> list[str]:
+    from pyspark.sql.connect.expressions import ColumnReference
+
+    if getattr(grouped, "_group_type", "groupby") != "groupby":
+        raise StateBackendError(f"{grouped._group_type}(...) cannot group a stateful operator: "
+                                f"use df.groupBy(columns)")
+    names = []
+    for col in grouped._grouping_cols:
+        expr = getattr(col, "_expr", None)
+        if not isinstance(expr, ColumnReference):
+            raise _not_a_column(str(col))
+        name = expr._unparsed_identifier
+        # a quoted identifier (`a.b`) names one column whose name holds the dot
+        if name.startswith("`") and name.endswith("`"):
+            name = name[1:-1].replace("``", "`")
+        names.append(name)
+    return names
+
+
+# --- event time -------------------------------------------------------------------------
+
+def watermark_of(df: Any) -> tuple[str, int] | None:
+    """(event-time column, delay in ms) of the ``withWatermark`` upstream of ``df``, if any:
+    from the JVM's logical plan on a classic session, from the client's plan on Connect."""
+    return _connect_watermark(df) if is_connect(df) else _classic_watermark(df)
+
+
+def _classic_watermark(df: Any) -> tuple[str, int] | None:
+    plan = df._jdf.queryExecution().logical()
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if node.getClass().getSimpleName() == "EventTimeWatermark":
+            from py4j.java_gateway import get_field
+
+            delay = node.delay()
+            # Spark counts a month as 31 days when it turns a watermark delay into ms
+            days = get_field(delay, "months") * 31 + get_field(delay, "days")
+            delay_ms = days * 86_400_000 + get_field(delay, "microseconds") // 1000
+            return node.eventTime().name(), int(delay_ms)
+        children = node.children()
+        for i in range(children.size()):
+            stack.append(children.apply(i))
+    return None
+
+
+def _plan_children(node: Any) -> list[Any]:
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    out = []
+    for value in vars(node).values():
+        if isinstance(value, LogicalPlan):
+            out.append(value)
+        elif isinstance(value, list | tuple):
+            out.extend(v for v in value if isinstance(v, LogicalPlan))
+    return out
+
+
+def _connect_watermark(df: Any) -> tuple[str, int] | None:
+    from pyspark.sql.connect.plan import WithWatermark
+
+    stack = [df._plan]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, WithWatermark):
+            return node._event_time, parse_delay_ms(node._delay_threshold)
+        stack.extend(_plan_children(node))
+    return None
+
+
+_UNIT_US = {"microsecond": 1, "millisecond": 1_000, "second": 1_000_000,
+            "minute": 60_000_000, "hour": 3_600_000_000}
+_UNIT_DAYS = {"day": 1, "week": 7}
+_UNIT_MONTHS = {"month": 1, "year": 12}
+_PART = re.compile(r"([+-]?\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+
+
+def parse_delay_ms(text: str) -> int:
+    """A watermark delay (``"10 seconds"``, ``"1 hour 30 minutes"``, ``"interval 2 days"``)
+    in ms, as Spark turns it into a CalendarInterval and then into ms: a month is 31
+    days, fractions of a millisecond are dropped."""
+    s = str(text).strip().lower()
+    if s.startswith("interval"):
+        s = s[len("interval"):].strip()
+    months = days = micros = 0
+    pos = 0
+    for m in _PART.finditer(s):
+        if s[pos:m.start()].strip():
+            break
+        value, unit = m.group(1), m.group(2)
+        if unit in _UNIT_US:
+            micros += int(round(float(value) * _UNIT_US[unit]))
+        elif "." in value:
+            break
+        elif unit in _UNIT_DAYS:
+            days += int(value) * _UNIT_DAYS[unit]
+        elif unit in _UNIT_MONTHS:
+            months += int(value) * _UNIT_MONTHS[unit]
+        else:
+            break
+        pos = m.end()
+    else:
+        if pos and not s[pos:].strip():
+            return (months * 31 + days) * 86_400_000 + micros // 1000
+    raise OptionsError("delayThreshold", text,
+                       f"cannot read the watermark delay {text!r}: expected an interval "
+                       f"such as '10 seconds' or '1 hour 30 minutes'")
+
+
+# --- configuration ----------------------------------------------------------------------
+
+def session_conf(spark: Any) -> dict[str, str]:
+    """Every setting of the session: the application's Spark conf (where our
+    ``spark.statebackend.*`` options are set at launch) and the session's SQL conf."""
+    if is_connect(spark):
+        conf = dict(spark.conf.getAll)
+    else:
+        conf = dict(spark.sparkContext.getConf().getAll())
+    conf["spark.sql.shuffle.partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
+    return {str(k): str(v) for k, v in conf.items()}
+
+
+def master_of(spark: Any) -> str | None:
+    """The session's master (``local[2]``, ``spark://...``), None where it does not say."""
+    try:
+        if is_connect(spark):
+            value = spark.conf.get("spark.master", None)
+        else:
+            value = spark.sparkContext.master
+    except Exception:  # noqa: BLE001 - a server that hides it: not known
+        return None
+    return None if value is None else str(value)
+
+
+# --- the session's identity, log and listener bus ---------------------------------------
+
+def session_key(spark: Any) -> Any:
+    """A key that is the same for every session object of one Spark application's session
+    (classic: its JVM context; Connect: its server session)."""
+    if is_connect(spark):
+        return ("connect", str(spark.session_id))
+    return ("classic", id(spark.sparkContext._jsc))
+
+
+def set_log_level(spark: Any, level: str) -> None:
+    """Spark's log level, where the client can set it (a Connect client cannot: the
+    server's log is the server's)."""
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel(level)
+
+
+def wait_for_listener_bus(spark: Any, timeout_s: float) -> None:
+    """Wait until Spark's listener bus has delivered the events it took (classic: the
+    JVM's bus; Connect: events reach the client on its own stream, nothing to wait for)."""
+    if not is_connect(spark):
+        bus = spark.sparkContext._jsc.sc().listenerBus()
+        bus.waitUntilEmpty(int(timeout_s * 1000))

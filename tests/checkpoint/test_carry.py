@@ -72,10 +72,10 @@ def test_driver_and_task_publish_carried_checkpoints(tmp_path: Path, mode: str) 
     manifests, _ = run_batches(store, tmp_path, 2, checkpoint_mode=mode)  # p0: batches 1, 2
     coord = CheckpointCoordinator(store, OP, parallelism=2, max_parallelism=128, fencing=False)
     opts = StateBackendOptions(checkpoint_mode=mode)
-    coord.carry = functools.partial(carry_on_driver, options=opts,
-                                    local_root=str(tmp_path / "driver"))
+    carry = functools.partial(carry_on_driver, options=opts,
+                              local_root=str(tmp_path / "driver"))
     (tmp_path / "driver").mkdir()
-    done = complete_pending(coord, up_to=2)
+    done = complete_pending(coord, up_to=2, carry=carry)
     assert [r.checkpoint_id for r in done] == [1, 2]
     ostore = operator_store(store, OP)
     first = read_recorded_manifests(ostore, done[0], [1])[1]
@@ -84,7 +84,6 @@ def test_driver_and_task_publish_carried_checkpoints(tmp_path: Path, mode: str) 
     assert (first.key_group_start, first.key_group_end) == (64, 127)
     assert second.never_ran and second.carried_from == CarriedFrom(1, first.attempt)
     # without the hook nothing completes a checkpoint a partition did not publish
-    coord.carry = None
 
     # batch 3 ran on p0 only; batch 4's task of p1 carries p1 over before the driver does
     cp = make(store, tmp_path, checkpoint_mode=mode)

@@ -226,7 +226,7 @@ def test_checks_are_a_list_that_can_be_extended(built):
 
 
 def test_read_of_a_damaged_snapshot_is_a_typed_error(built_copy):
-    from statebackend.spark.read_state import read_rows
+    from statebackend.read.rows import read_rows
 
     url = built_copy.url
     n, p, sst = latest_with_sst(url)

@@ -274,8 +274,8 @@ def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
 
 
 def test_fencing_off_never_claims_checks_or_stamps(store: DurableStore, tmp_path: Path) -> None:
-    from statebackend.spark.runner import writer_epoch
-    from statebackend.spark.task import OperatorConfig
+    from statebackend.task.context import OperatorConfig
+    from statebackend.task.runner import writer_epoch
 
     ostore = store.child(OP)
     config = OperatorConfig(operator_id=OP, checkpoint_location=store.root,

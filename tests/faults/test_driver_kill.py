@@ -104,7 +104,7 @@ def _committed(work: str) -> tuple[list[int], dict[str, int], list[str]]:
     the completed checkpoints, the state of the latest, and the files under ``chk-<k>/``
     for ``k`` below the latest that no retained record references (leaks)."""
     from statebackend.model.manifest import CompletedCheckpoint
-    from statebackend.spark.read_state import read_rows
+    from statebackend.read.rows import read_rows
     from statebackend.storage import open_store
     from statebackend.storage.manifests import read_manifest
 

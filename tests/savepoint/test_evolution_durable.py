@@ -16,10 +16,10 @@ from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.cli import main as cli_main
 from statebackend.coordinator import CheckpointCoordinator
 from statebackend.keys.ranges import key_group_range
+from statebackend.read.rows import load_savepoint, read_rows
 from statebackend.restore.rescale import restore_from_savepoint, restore_rescaled
 from statebackend.savepoint.reader import SavepointReader
 from statebackend.savepoint.writer import create_savepoint, savepoint_dir
-from statebackend.spark.read_state import load_savepoint, read_rows
 from statebackend.state.backend import KeyedStateBackend
 
 V1 = "c INT, s STRUCT<a: INT, b: STRING>"
@@ -159,7 +159,7 @@ def test_rescale_reads_every_version(store, tmp_path, built):
 def test_change_feed_across_a_schema_change(store, tmp_path, built):
     """Checkpoint 0 -> 1: the puts of partition 0's new code, decoded with the new schema
     (the feed reads changelogs in changelog mode, compares snapshots otherwise)."""
-    from statebackend.spark.changes import change_rows, plan_changes
+    from statebackend.read.changes import change_rows, plan_changes
 
     coord, ref, _ = built
     plan = plan_changes(store, OP, 0, 1, key_types=["string"])

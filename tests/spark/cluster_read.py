@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cluster"))
 def main(url: str, op: str, a: int, b: int) -> dict:
     from cluster_job import cluster_session
 
-    from statebackend.spark.changes import read_changes
-    from statebackend.spark.read_state import load_checkpoint, read_state
+    from statebackend.read.rows import load_checkpoint
+    from statebackend.spark.readers import read_changes, read_state
     from statebackend.storage import open_store
 
     spark = cluster_session("read-state")

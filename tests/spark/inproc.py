@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 
 from statebackend.options import StateBackendOptions
-from statebackend.spark import runner
 from statebackend.spark.plan import KeySpec
-from statebackend.spark.task import PTIME_COL, OperatorConfig
-from statebackend.spark.vector import vector_process
 from statebackend.storage import open_store
 from statebackend.storage.manifests import list_published_manifests, operator_store
+from statebackend.task import runner
+from statebackend.task.context import PTIME_COL, OperatorConfig
+from statebackend.task.vector import vector_config, vector_process
 
 
 def count(frames, state):
@@ -50,7 +50,8 @@ def run_task(root: str, batch: int, attempt: str, input_frames, frame_rows: int 
     """One task of batch ``batch`` over ``input_frames``: the output, and where the task
     restored its state from (``metrics.restore.source`` of its manifest)."""
     cfg = config(root, operator_id, **options)
-    process = vector_process(count, cfg, "c BIGINT", None, frame_rows)
+    cfg = vector_config(cfg, frame_rows)
+    process = vector_process(count, cfg, "c BIGINT", None)
     original = runner.task_identity
     runner.task_identity = lambda _c, _ours=None: (batch, 0, attempt)
     try:

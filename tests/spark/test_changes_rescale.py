@@ -20,13 +20,13 @@ from statebackend.coordinator import CheckpointCoordinator
 from statebackend.keys.groups import key_groups
 from statebackend.local import resident
 from statebackend.options import StateBackendOptions
-from statebackend.spark import runner
-from statebackend.spark.changes import change_rows, plan_changes
+from statebackend.read.changes import change_rows, plan_changes
+from statebackend.read.rows import read_rows
 from statebackend.spark.plan import KG_COL, KeySpec
-from statebackend.spark.read_state import read_rows
-from statebackend.spark.task import PTIME_COL, OperatorConfig
-from statebackend.spark.vector import vector_process
 from statebackend.storage import open_store
+from statebackend.task import runner
+from statebackend.task.context import PTIME_COL, OperatorConfig
+from statebackend.task.vector import vector_config, vector_process
 
 MAXP = 16
 
@@ -52,7 +52,8 @@ def run_batch(root: str, batch: int, parallelism: int, keys, values, **options) 
     config = OperatorConfig(operator_id="op", checkpoint_location=durable, storage_options={},
                             options=opts, parallelism=parallelism,
                             key=KeySpec(("k",), ("bigint",)))
-    process = vector_process(upsert_or_delete, config, "v BIGINT", None, None)
+    config = vector_config(config, None)
+    process = vector_process(upsert_or_delete, config, "v BIGINT", None)
     keys = np.asarray(keys, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     kg = np.asarray(key_groups([keys], ["bigint"], MAXP), dtype=np.int32)

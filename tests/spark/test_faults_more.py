@@ -24,7 +24,7 @@ import pytest
 from harness import write_batches
 from test_faults_spark import OP, Env, add_batch, batches, check, reference, run
 
-from statebackend.spark.read_state import read_rows
+from statebackend.read.rows import read_rows
 from statebackend.storage import open_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from statebackend.spark.progress import METRICS_COL, frames_with_metrics
 from statebackend.storage.accounting import RequestCounts
+from statebackend.task.metrics_rows import METRICS_COL, frames_with_metrics
 
 VALUES = {"partitions": 1, "input_rows": 3, "sync_ms": 1.5}
 TEXT = json.dumps(VALUES, separators=(",", ":"))

@@ -182,7 +182,8 @@ def test_observation_folds_partitions_as_combine_progress(spark):
     from pyspark.sql import functions as F
 
     from statebackend.metrics import combine_progress
-    from statebackend.spark.progress import TASK_METRICS, observed_columns, task_metrics_frame
+    from statebackend.spark.progress import TASK_METRICS, observed_columns
+    from statebackend.task.metrics_rows import task_metrics_frame
 
     parts = [
         {"partitions": 1, "input_rows": 10, "sync_ms": 2.5, "sync_ms_max": 2.5,
@@ -219,12 +220,8 @@ def test_metrics_row_crosses_arrow_with_null_user_columns_of_any_type(spark):
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from statebackend.spark.progress import (
-        metrics_row_values,
-        observed_columns,
-        task_metrics_frame,
-        with_metrics_column,
-    )
+    from statebackend.spark.progress import metrics_row_values, observed_columns
+    from statebackend.task.metrics_rows import task_metrics_frame, with_metrics_column
 
     user = StructType.fromDDL("k STRING NOT NULL, n BIGINT NOT NULL, ts TIMESTAMP, "
                               "s STRUCT<a: INT, b: ARRAY<STRING>>, m MAP<STRING, DOUBLE>, "

@@ -271,7 +271,7 @@ def test_an_owner_that_dies_between_its_two_renames_is_finished_by_the_requester
     # partition's instance): it had renamed the directory to the requester's name but not
     # yet its marker. The requester finishes the move instead of waiting 2 s and
     # restoring from the local copy.
-    from statebackend.spark import runner
+    from statebackend.task import runner
 
     r0 = other_worker(tmp_path, 0, "t0", ["a", "b"], how="crash")
     assert r0["source"] == "empty"

@@ -13,7 +13,7 @@ import pytest
 from harness import check_batches, random_batches, run_stream, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
-from statebackend.spark.vector import STATE_NAME
+from statebackend.task.vector import STATE_NAME
 
 pytestmark = pytest.mark.spark
 

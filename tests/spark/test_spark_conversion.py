@@ -32,9 +32,9 @@ from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcesso
 
 from statebackend.errors import SchemaError
 from statebackend.rocksdb.instance import RocksDBInstance
-from statebackend.spark.processor import RocksDBProcessorHandle
-from statebackend.spark.spark_states import spark_struct
 from statebackend.state.backend import KeyedStateBackend
+from statebackend.task.processor import RocksDBProcessorHandle
+from statebackend.task.spark_states import spark_struct
 
 SCHEMAS = ["name STRING", "c BIGINT", "at TIMESTAMP", "name STRING, c BIGINT",
            "c BIGINT, at TIMESTAMP, name STRING", "c BIGINT, inner STRUCT<a: BIGINT, b: BIGINT>"]

@@ -18,8 +18,8 @@ from harness import random_batches, run_stream, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import StateError
-from statebackend.spark.changes import change_rows, plan_changes
-from statebackend.spark.read_state import load_checkpoint, load_savepoint, read_rows
+from statebackend.read.changes import change_rows, plan_changes
+from statebackend.read.rows import load_checkpoint, load_savepoint, read_rows
 from statebackend.storage import open_store
 
 pytestmark = pytest.mark.spark
@@ -201,7 +201,7 @@ def test_change_feed_of_one_state_and_through_spark(spark, run):
 
 def _values(store, row):
     d = load_checkpoint(store, "feed", None).states[row.state_name]
-    from statebackend.spark.read_state import value_schema
+    from statebackend.read.rows import value_schema
 
     return dict(zip(value_schema(d).names, row.value))
 
@@ -212,7 +212,7 @@ def test_cli_changes_writes_the_feed(run, tmp_path):
     import pandas as pd
 
     from statebackend.cli import main
-    from statebackend.spark.changes import changes_to_pandas
+    from statebackend.read.changes import changes_to_pandas
 
     _be, store, ids, _mode = run
     out = io.StringIO()
@@ -265,7 +265,7 @@ def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
     values the driver reader's createDataFrame gives, one partition per unit."""
     from functools import partial
 
-    from statebackend.spark.read_state import unit_dataframe
+    from statebackend.spark.readers import unit_dataframe
 
     df = unit_dataframe(spark, 3, ddl, partial(_unit_rows, ddl))
     assert df.rdd.getNumPartitions() == 3

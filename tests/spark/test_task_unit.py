@@ -12,8 +12,8 @@ from inproc import frames, run_task
 from statebackend.keys.grouping_key import decode_grouping_key
 from statebackend.keys.groups import key_groups
 from statebackend.spark.plan import TICK_COL, KeySpec
-from statebackend.spark.runner import concat_frames
-from statebackend.spark.task import PTIME_COL, TaskInput, group_by_key
+from statebackend.task.context import PTIME_COL, TaskInput, group_by_key
+from statebackend.task.runner import concat_frames
 
 
 @settings(max_examples=60, deadline=None)
@@ -120,9 +120,9 @@ def test_batches_that_ran_no_task_are_passed_over_and_a_reset_is_refused(memory_
     batch with something published is never passed over, and with no state at all where
     completed checkpoints exist the task refuses to start empty."""
     from statebackend.errors import IncompatibleStateError
-    from statebackend.spark.runner import check_continuity, last_batch_that_ran
     from statebackend.storage import open_store
     from statebackend.storage.records import completed_ids
+    from statebackend.task.runner import check_continuity, last_batch_that_ran
 
     store = open_store(memory_url[0])
     store.put_bytes_atomic("_checkpoints/chk-3.json", b"{}")

@@ -21,10 +21,9 @@ from statebackend.errors import CorruptStateError, SchemaError, SchemaEvolutionE
 from statebackend.keys.grouping_key import encode_grouping_key
 from statebackend.keys.groups import key_group
 from statebackend.model.manifest import StateDescriptor
+from statebackend.read.rows import read_partition
 from statebackend.restore.rescale import merge_global
 from statebackend.rocksdb.instance import RocksDBInstance
-from statebackend.spark.read_state import read_partition
-from statebackend.spark.vector import KeyedColumnState
 from statebackend.state import KeyedStateBackend
 from statebackend.state.evolution import (
     NO_EXPIRY,
@@ -33,6 +32,7 @@ from statebackend.state.evolution import (
     merge_descriptors,
     version_id,
 )
+from statebackend.task.vector import KeyedColumnState
 
 MAXP = 128
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statebackend.errors import SchemaEvolutionError
-from statebackend.spark.read_state import read_partition
+from statebackend.read.rows import read_partition
 from tests.state.test_evolution import Env, K, plain
 
 # A type: a primitive name, ("struct", ((name, type), ...)), ("array", element) or

@@ -26,8 +26,8 @@ from statebackend.keys.ranges import KeyGroupRange
 from statebackend.keys.values import compile_codec
 from statebackend.model.schema import parse_ddl
 from statebackend.rocksdb.instance import RocksDBInstance
-from statebackend.spark.vector import STATE_NAME, KeyedColumnState
 from statebackend.state import KeyedStateBackend
+from statebackend.task.vector import STATE_NAME, KeyedColumnState
 
 SETTINGS = settings(max_examples=15, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -18,12 +18,12 @@ from statebackend.errors import CorruptStateError, IncompatibleStateError, Schem
 from statebackend.keys.grouping_key import encode_grouping_key
 from statebackend.keys.groups import key_group
 from statebackend.keys.kernels import block_ids, unpack_block
+from statebackend.read.rows import read_partition
 from statebackend.rocksdb.instance import RocksDBInstance
 from statebackend.savepoint.migrate import KeyRehasher
-from statebackend.spark.read_state import read_partition
-from statebackend.spark.vector import STATE_NAME, KeyedColumnState
 from statebackend.state import KeyedStateBackend
 from statebackend.state.value import BlockState, dense_unique
+from statebackend.task.vector import STATE_NAME, KeyedColumnState
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model.schema import DataType, Schema
-from .state_views import StateView, select_states, user_key_schema, value_schema
+from .views import StateView, select_states, user_key_schema, value_schema
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -26,6 +26,7 @@ from pyspark.sql.types import _create_row
 
 from ..errors import StateError
 from ..state.backend import KeyedStateBackend
+from .context import BatchContext, KeyGroups
 from .spark_states import (
     SparkListState,
     SparkMapState,
@@ -33,7 +34,6 @@ from .spark_states import (
     spark_struct,
     timer_timestamp,
 )
-from .task import BatchContext, KeyGroups
 
 _INVALID_HANDLE_STATE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE"
 _INVALID_TIME_MODE = "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE"

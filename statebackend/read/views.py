@@ -1,6 +1,6 @@
 """What a reader of stored state reads: a checkpoint's or a savepoint's view (record,
 manifests, states, grouping-key types) and its units (one partition, or one savepoint data
-file), and how a unit is opened. No Spark needed; :mod:`statebackend.spark.read_state`
+file), and how a unit is opened. No Spark needed; :mod:`statebackend.read.rows`
 decodes the units into rows.
 """
 

@@ -19,7 +19,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import StructType
 
 from ..state.backend import KeyedStateBackend
-from .task import BatchContext, KeyGroups
+from .context import BatchContext, KeyGroups
 
 STATE_NAME = "groupState"
 TIMEOUT_NAME = "groupStateTimeout"

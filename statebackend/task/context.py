@@ -2,14 +2,14 @@
 and the pieces it is made of (the operator's configuration, the task's input, rows
 grouped by key, the task's identity).
 
-:func:`statebackend.spark.runner.run_partition` runs it, for micro-batch (or epoch) ``b``
+:func:`statebackend.task.runner.run_partition` runs it, for micro-batch (or epoch) ``b``
 of partition ``p``:
 
 1. input: read the partition's input (Spark gives every partition a task every batch,
    empty ones included; ``map_in_pandas`` reads its first ``frame_rows`` here and the rest
    as its function asks for it, see :class:`TaskInput`), before any state is touched;
 2. open: restore the state committed for ``b - 1``
-   (:meth:`~statebackend.spark.partition_state.PartitionState.load`: the instance this
+   (:meth:`~statebackend.task.partition_state.PartitionState.load`: the instance this
    process kept open, one handed over, the working directory, the local copy, durable
    storage, a rescale or a savepoint);
 3. process: group the rows by key as slices of one sorted frame and run the user's code
@@ -39,19 +39,16 @@ from ..keys.grouping_key import decode_grouping_key, encode_grouping_keys, encod
 from ..keys.ranges import DEFAULT_MAX_PARALLELISM, key_group_range
 from ..options import StateBackendOptions
 from ..redact import redact_options, redact_url
+from .columns import ADDED_COLUMNS, PTIME_COL, TICK_COL, KeySpec  # noqa: F401  (PTIME_COL, ADDED_COLUMNS: importable from here)
 from .executor import current_executor_id
-from .plan import INTERNAL_COLUMNS, TICK_COL, KeySpec
 
 log = logging.getLogger("statebackend.task")
 
-PTIME_COL = "__sb_ptime"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # Spark sets both on every job of a streaming query: its id (kept in the query's checkpoint,
 # the same across restarts) and, as the job group, the id of this start of it
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
-# every column our plan adds to the user's input
-ADDED_COLUMNS = (*INTERNAL_COLUMNS, PTIME_COL)
 # map_in_pandas: rows per frame handed to the function (at least; see TaskInput.chunks).
 # Large: the usual micro-batch arrives as one frame (one set of state calls), while a
 # backlog of millions of rows per partition is still processed in bounded memory.
@@ -71,9 +68,11 @@ class SavepointSource:
                 f"storage_options={redact_options(self.storage_options)})")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OperatorConfig:
     """Everything a task needs, shipped (pickled) to the executors with the operator.
+    Frozen: the driver's builder (:func:`statebackend.spark.operators.build_config`)
+    decides every field once, before the plan is built.
 
     The last five fields say how the operator reads its input: ``ticks`` (the plan adds
     tick rows so timers fire in batches without input), ``drop_late`` (input at or before

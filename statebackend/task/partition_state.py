@@ -52,7 +52,7 @@ from ..storage.manifests import (
     read_recorded_manifests,
 )
 from ..storage.records import completed_ids
-from .task import OperatorConfig, kg_range_of, local_root, run_identity
+from .context import OperatorConfig, kg_range_of, local_root, run_identity
 
 _STORES: dict[tuple, Any] = {}
 # (location, operator, run id) -> the writer epoch this process's tasks of that run hold

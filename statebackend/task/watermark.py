@@ -15,8 +15,8 @@ import pandas as pd
 
 from ..model.manifest import CompletedCheckpoint, PartitionManifest
 from ..storage.manifests import read_completed_record
+from .context import OperatorConfig, event_time_ms
 from .partition_state import Restored, resolve_base
-from .task import OperatorConfig, event_time_ms
 
 
 @dataclass(frozen=True)

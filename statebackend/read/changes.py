@@ -1,6 +1,6 @@
 """The change feed of an operator: what was put and deleted between two retained checkpoints.
 
-Rows have the columns of :mod:`statebackend.spark.read_state` after two more:
+Rows have the columns of :mod:`statebackend.read.rows` after two more:
 
 ==============  =============================================================
 batch_id        the checkpoint (micro-batch) whose state first holds the change
@@ -51,26 +51,22 @@ from ..rocksdb.instance import RocksDBInstance
 from ..state.evolution import merge_descriptors
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store
-from .read_state import (
+from .rows import (
     CheckpointView,
     EntryDecoder,
     ReadUnit,
-    _as_json,
     load_checkpoint,
     open_unit,
     rows_to_pandas,
     select_states,
     spark_schema,
-    user_key_schema,
-    value_schema,
 )
 
 if TYPE_CHECKING:
     import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ChangeRow", "ChangeUnit", "change_rows", "changes_to_pandas", "plan_changes",
-           "read_changes"]
+__all__ = ["ChangeRow", "ChangeUnit", "change_rows", "changes_schema", "changes_to_pandas",
+           "plan_changes", "select_change_units", "unit_changes"]
 
 PUT = "put"
 DELETE = "delete"
@@ -349,14 +345,14 @@ def change_rows(store: DurableStore, operator_id: str, from_id: int, to_id: int,
     """
     plan = plan or plan_changes(store, operator_id, from_id, to_id, key_types=key_types)
     states = select_states(plan.view, state_name)
-    units = _select(plan, partitions)
+    units = select_change_units(plan, partitions)
     for i, u in enumerate(units):
         yield from unit_changes(store, plan, u, states, temp_dir)
         if progress is not None:
             progress(i + 1, len(units), 0, 0)
 
 
-def _select(plan: ChangePlan, partitions: Iterable[int] | None) -> list[ChangeUnit]:
+def select_change_units(plan: ChangePlan, partitions: Iterable[int] | None) -> list[ChangeUnit]:
     if partitions is None:
         return list(plan.units)
     by = {u.new.partition: u for u in plan.units}
@@ -370,7 +366,7 @@ def _select(plan: ChangePlan, partitions: Iterable[int] | None) -> list[ChangeUn
 def changes_to_pandas(rows: Iterable[ChangeRow], plan: ChangePlan,
                       state_name: str | None = None) -> pd.DataFrame:
     """Flat frame of the feed: ``batch_id``, ``operation``, then the columns of
-    :func:`~statebackend.spark.read_state.rows_to_pandas`."""
+    :func:`~statebackend.read.rows.rows_to_pandas`."""
     rows = list(rows)
     frame = rows_to_pandas(rows, plan.view, state_name)
     frame.insert(0, "operation", [r.operation for r in rows])
@@ -382,41 +378,3 @@ def changes_to_pandas(rows: Iterable[ChangeRow], plan: ChangePlan,
 def changes_schema(plan: ChangePlan, state_name: str | None = None) -> str:
     """The DDL of the DataFrame :func:`read_changes` returns."""
     return f"batch_id BIGINT, operation STRING, {spark_schema(plan.view, state_name)}"
-
-
-def read_changes(spark: SparkSession, checkpoint_location: str, operator_id: str,
-                 from_id: int, to_id: int, state_name: str | None = None, *,
-                 storage_options: dict[str, Any] | None = None,
-                 key_types: Sequence[str] | None = None,
-                 partitions: Iterable[int] | None = None) -> DataFrame:
-    """The change feed from checkpoint ``from_id`` to ``to_id`` as a Spark DataFrame, one
-    task per partition of ``to_id`` (the driver reads only records and manifests).
-
-    Columns ``batch_id, operation, partition_id, key, state_name, user_key, value,
-    expiration_ms``; ``user_key`` and ``value`` typed with ``state_name``, JSON text
-    without. See the module docstring for what a row means. Parameters as
-    :func:`change_rows`; the executors must reach ``checkpoint_location``.
-    """
-    from ..storage import open_store
-    from .read_state import unit_dataframe
-
-    store = open_store(checkpoint_location, storage_options=storage_options)
-    plan = plan_changes(store, operator_id, from_id, to_id, key_types=key_types)
-    states = select_states(plan.view, state_name)
-    units = _select(plan, partitions)
-    schema = changes_schema(plan, state_name)
-    names = {d.name: (value_schema(d).names, getattr(user_key_schema(d), "names", ()))
-             for d in plan.view.states.values()}
-    typed = state_name is not None
-
-    def produce(i: int) -> Iterator[tuple[Any, ...]]:
-        for r in unit_changes(store, plan, units[i], states):
-            if typed:
-                yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
-                       r.user_key, r.value, r.expiration_ms)
-            else:
-                vn, un = names[r.state_name]
-                yield (r.batch_id, r.operation, r.partition_id, r.key, r.state_name,
-                       _as_json(un, r.user_key), _as_json(vn, r.value), r.expiration_ms)
-
-    return unit_dataframe(spark, len(units), schema, produce)

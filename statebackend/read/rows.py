@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptStateError, StateBackendError, StateError
@@ -49,8 +49,8 @@ from ..state.list import _elements
 from ..state.timers import TIMERS_CF
 from ..state.value import decode_block
 from ..storage.base import DurableStore
-from .state_arrow import json_default, plain
-from .state_views import (  # noqa: F401  (importable from here, as before the split)
+from .arrow import json_default, plain
+from .views import (  # noqa: F401  (importable from here, as before the split)
     TIMER_SCHEMA,
     CheckpointView,
     ReadUnit,
@@ -68,7 +68,6 @@ from .state_views import (  # noqa: F401  (importable from here, as before the s
 
 if TYPE_CHECKING:
     import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "CheckpointView",
@@ -79,7 +78,6 @@ __all__ = [
     "load_savepoint",
     "read_partition",
     "read_rows",
-    "read_state",
     "rows_to_pandas",
     "spark_schema",
 ]
@@ -263,7 +261,7 @@ def read_rows(store: DurableStore, operator_id: str, checkpoint_id: int | None =
 # --- shapes: pandas and Spark ----------------------------------------------------------
 
 
-def _as_json(names: Sequence[str], values: tuple[Any, ...] | None) -> str | None:
+def as_json_text(names: Sequence[str], values: tuple[Any, ...] | None) -> str | None:
     if values is None:
         return None
     # structs as objects with their field names, at every depth
@@ -302,7 +300,7 @@ def rows_to_pandas(rows: Iterable[StateRow], view: StateView,
         for r in rows:
             vn, un = names[r.state_name]
             rec = {"partition_id": r.partition_id, "state_name": r.state_name,
-                   "user_key": _as_json(un, r.user_key), "value": _as_json(vn, r.value),
+                   "user_key": as_json_text(un, r.user_key), "value": as_json_text(vn, r.value),
                    "expiration_ms": r.expiration_ms}
             rec.update(zip(key_cols, r.key))
             records.append(rec)
@@ -350,143 +348,13 @@ def spark_row_shaper(view: StateView, state_name: str | None):
 
     def as_json(r: Any) -> tuple[Any, ...]:
         vn, un = names[r.state_name]
-        return (r.partition_id, r.key, r.state_name, _as_json(un, r.user_key),
-                _as_json(vn, r.value), r.expiration_ms)
+        return (r.partition_id, r.key, r.state_name, as_json_text(un, r.user_key),
+                as_json_text(vn, r.value), r.expiration_ms)
     return as_json
 
 
-def read_state(spark: SparkSession, checkpoint_location: str, operator_id: str,
-               checkpoint_id: int | None = None, state_name: str | None = None, *,
-               savepoint: str | None = None, storage_options: dict[str, Any] | None = None,
-               key_types: Sequence[str] | None = None, partitions: Iterable[int] | None = None,
-               distributed: bool = True) -> DataFrame:
-    """The state of a completed checkpoint or a savepoint as a Spark DataFrame.
-
-    Parameters
-    ----------
-    spark : SparkSession
-        Session to build the DataFrame in.
-    checkpoint_location : str
-        The backend's root URL; with ``distributed`` the executors must reach it too.
-    operator_id : str
-        The operator's directory name.
-    checkpoint_id : int, optional
-        A completed checkpoint; defaults to the latest.
-    state_name : str, optional
-        One state (typed ``user_key`` and ``value`` structs); default every state, with
-        ``user_key`` and ``value`` as JSON text.
-    savepoint : str, optional
-        Read this savepoint of the operator (its name) instead of a checkpoint.
-    storage_options : dict, optional
-        fsspec options of the location.
-    key_types : sequence of str, optional
-        Grouping-key types, for checkpoints that do not record them.
-    partitions : iterable of int, optional
-        Only these partitions (a savepoint's: its data files in key-group order).
-    distributed : bool, default True
-        One Spark task per partition (per data file of a savepoint) downloads, opens and
-        decodes it on an executor; the driver reads only the record and manifests. False:
-        every partition is read on the driver, one after the other, and the rows are sent
-        to Spark from there (state that fits the driver; no executor access to storage).
-
-    Returns
-    -------
-    pyspark.sql.DataFrame
-        Columns ``partition_id, key, state_name, user_key, value, expiration_ms``; rows in
-        partition order, then state, then key order (a list's elements in list order).
-    """
-    from ..storage import open_store
-
-    if savepoint is not None and checkpoint_id is not None:
-        raise StateError("read_state reads a checkpoint or a savepoint: give checkpoint_id "
-                         "or savepoint, not both")
-    store = open_store(checkpoint_location, storage_options=storage_options)
-    view = _load_view(store, operator_id, checkpoint_id, savepoint, key_types)
-    schema = spark_schema(view, state_name)
-    shape = spark_row_shaper(view, state_name)
-    units = select_units(view, partitions)
-    if not distributed:
-        data = [shape(r) for r in read_rows(store, operator_id, state_name=state_name,
-                                            partitions=partitions, view=view)]
-        return spark.createDataFrame(data, schema)
-    states, key_types_ = select_states(view, state_name), view.key_types
-
-    def produce(i: int) -> Iterator[tuple[Any, ...]]:
-        return map(shape, read_unit(store, operator_id, units[i], key_types_, states))
-
-    return unit_dataframe(spark, len(units), schema, produce)
-
-
-def _load_view(store: DurableStore, operator_id: str, checkpoint_id: int | None,
+def load_view(store: DurableStore, operator_id: str, checkpoint_id: int | None,
                savepoint: str | None, key_types: Sequence[str] | None) -> StateView:
     if savepoint is not None:
         return load_savepoint(store, operator_id, savepoint, key_types=key_types)
     return load_checkpoint(store, operator_id, checkpoint_id, key_types=key_types)
-
-
-_ARROW_ROWS = 10_000  # rows per Arrow batch a task sends
-
-
-def unit_dataframe(spark: SparkSession, n: int, schema: str,
-                   produce: Callable[[int], Iterator[tuple[Any, ...]]]) -> DataFrame:
-    """A DataFrame of ``schema`` with one partition (one task) per unit ``0..n-1``, whose
-    rows are ``produce(i)`` computed on the executor.
-
-    The rows travel to the JVM as Arrow batches (``mapInArrow``), several times faster than
-    pickled rows. Schemas with timestamps or maps go the pickled way
-    (``createDataFrame`` of an RDD): that is how the driver reader converts them too (a
-    naive datetime is local time there), so both readers give the same values.
-    """
-    from pyspark.sql.types import _parse_datatype_string
-
-    struct = _parse_datatype_string(schema)
-    if not _arrow_safe(struct):
-        def rows(indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
-            for i in indexes:
-                yield from produce(i)
-        rdd = spark.sparkContext.parallelize(range(n), max(n, 1)).mapPartitions(rows)
-        return spark.createDataFrame(rdd, struct)
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    arrow_schema = to_arrow_schema(struct)
-
-    def batches(it: Iterator[Any]) -> Iterator[Any]:
-        for b in it:
-            for i in b.column(0).to_pylist():
-                buf: list[tuple[Any, ...]] = []
-                for row in produce(int(i)):
-                    buf.append(row)
-                    if len(buf) >= _ARROW_ROWS:
-                        yield _record_batch(buf, arrow_schema)
-                        buf = []
-                if buf:
-                    yield _record_batch(buf, arrow_schema)
-
-    # spark.range splits 0..n-1 evenly: exactly one unit per partition
-    return spark.range(0, n, 1, max(n, 1)).mapInArrow(batches, struct)
-
-
-def _record_batch(rows: list[tuple[Any, ...]], schema: Any) -> Any:
-    import pyarrow as pa
-
-    columns = list(zip(*rows))
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
-
-
-def _arrow_safe(t: Any) -> bool:
-    from pyspark.sql.types import (
-        ArrayType,
-        MapType,
-        StructType,
-        TimestampNTZType,
-        TimestampType,
-    )
-
-    if isinstance(t, (TimestampType, TimestampNTZType, MapType)):
-        return False
-    if isinstance(t, StructType):
-        return all(_arrow_safe(f.dataType) for f in t.fields)
-    if isinstance(t, ArrayType):
-        return _arrow_safe(t.elementType)
-    return True

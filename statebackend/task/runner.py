@@ -1,5 +1,5 @@
 """The function ``mapInPandas`` runs for one partition of a stateful operator: input,
-open, process, commit, emit (see :mod:`statebackend.spark.task` for what each step must
+open, process, commit, emit (see :mod:`statebackend.task.context` for what each step must
 guarantee).
 
 Which state to open and how to commit it belongs to
@@ -23,18 +23,8 @@ from ..local.disk import WORK_DIR
 from ..local.resident import resident_dir_name
 from ..metrics import partition_progress, partition_stats, rocksdb_properties
 from ..state.backend import KeyedStateBackend
-from .partition_state import (
-    PartitionState,
-    Restored,
-    check_continuity,
-    last_batch_that_ran,
-    resolve_base,
-    root_store,
-    writer_epoch,
-)
-from .plan import KG_COL
-from .progress import frames_with_metrics
-from .task import (
+from .columns import KG_COL
+from .context import (
     ADDED_COLUMNS,
     BatchContext,
     KeyGroups,
@@ -46,7 +36,17 @@ from .task import (
     kg_range_of,
     task_identity,
 )
-from .task_metrics import TaskClock, TaskMetrics, as_dict
+from .metrics import TaskClock, TaskMetrics, as_dict
+from .metrics_rows import frames_with_metrics
+from .partition_state import (
+    PartitionState,
+    Restored,
+    check_continuity,
+    last_batch_that_ran,
+    resolve_base,
+    root_store,
+    writer_epoch,
+)
 from .watermark import EventTime, apply_watermark, max_opt
 
 __all__ = ["check_continuity", "concat_frames", "last_batch_that_ran", "make_task",
@@ -173,7 +173,7 @@ def user_frames(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame],
                 config: OperatorConfig, kg_range, partition: int) -> Iterator[pd.DataFrame]:
     """The frames a batch-at-a-time function (``map_in_pandas``) reads, as they arrive,
     without our columns. Rows carrying Spark's key group are checked here; otherwise
-    :class:`~statebackend.spark.vector.KeyedColumnState` checks the key groups of the keys
+    :class:`~statebackend.task.vector.KeyedColumnState` checks the key groups of the keys
     it is asked about, so a row of another partition still never touches state.
     """
     if first is None:

@@ -8,6 +8,7 @@ multi-get, one write batch), which avoids any per-row Python work in our code.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from ..keys.grouping_key import encode_keys_with_groups
 from ..keys.ranges import KeyGroupRange, check_max_parallelism
 from ..state.backend import KeyedStateBackend
 from ..state.value import ValueState
-from .task import DEFAULT_FRAME_ROWS, kg_range_of
+from .context import DEFAULT_FRAME_ROWS, kg_range_of
 
 STATE_NAME = "columnState"
 
@@ -187,13 +188,18 @@ class KeyedColumnState:
         self._remove(self._encode(keys))
 
 
-def vector_process(func, config, state_schema, value_blocks: int | None = None,
-                   frame_rows: int | None = DEFAULT_FRAME_ROWS):
+def vector_config(config, frame_rows: int | None = DEFAULT_FRAME_ROWS):
+    """``config`` as ``map_in_pandas`` runs it: no per-key grouping, input in frames of
+    ``frame_rows`` rows (see :class:`~.context.TaskInput`; None: one frame)."""
+    return replace(config, per_key=False, frame_rows=frame_rows)
+
+
+def vector_process(func, config, state_schema, value_blocks: int | None = None):
     """What ``map_in_pandas`` hands the task runner: ``func(frames, state)`` over the
-    partition's input in frames of ``frame_rows`` (see :class:`~.task.TaskInput`), with a
-    :class:`KeyedColumnState` confined to its key groups. Sets ``config`` up for it: no
-    per-key grouping, the frame size."""
-    config.per_key, config.frame_rows = False, frame_rows
+    partition's input in frames (``config`` from :func:`vector_config`), with a
+    :class:`KeyedColumnState` confined to its key groups."""
+    if config.per_key:
+        raise ValueError("map_in_pandas reads frames: build its config with vector_config()")
 
     def process(backend, groups, ctx, decode):
         state = KeyedColumnState(backend, config.key.columns, config.key.types, state_schema,
