@@ -29,7 +29,7 @@ from . import plan
 from .carrier import uses_carrier
 from .progress import metrics_row_values
 from .schema_check import check_against_latest, processor_declarations
-from .session import grouping_columns, session_of, watermark_of
+from .session import check_session, grouping_columns, session_of, watermark_of
 
 log = logging.getLogger("statebackend")
 
@@ -78,6 +78,7 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
     of a batch job, the watermark, the plan (shuffle or carrier) and the metrics row."""
     check_component(operator_id)
     spark = session_of(df)
+    check_session(spark)
     opts = driver.options_for(spark)
     coord = driver.coordinator(operator_id)
     latest = coord.latest()

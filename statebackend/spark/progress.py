@@ -70,6 +70,21 @@ def progress_metrics(progress: Any, name: str) -> dict[str, Any] | None:
     row = observed.get(name)
     if row is None:
         return None
-    row = dict(row) if isinstance(row, Mapping) else row.asDict()
+    row = _observed_row(row)
     tasks = [json.loads(x) for x in row.get(TASK_METRICS) or ()]
     return {"rows": row.get("rows"), **combine_progress(tasks)}
+
+
+def _observed_row(row: Any) -> dict[str, Any]:
+    """An observed metric's row as a dict of its fields. A classic session gives a ``Row``
+    of the fields; Spark Connect's client reads the progress JSON into
+    ``Row(values=[...], schema={...})`` (the row's values and the JSON of its struct
+    type), and the JSON form (``lastProgress`` as a dict) may hold either shape."""
+    row = dict(row) if isinstance(row, Mapping) else row.asDict()
+    schema = row.get("schema")
+    if set(row) == {"values", "schema"} and isinstance(schema, Mapping | str):
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        names = [f["name"] for f in schema.get("fields", ())]
+        return dict(zip(names, row["values"]))
+    return row

@@ -159,7 +159,10 @@ def unit_dataframe(spark: SparkSession, n: int, schema: str,
         return spark.createDataFrame(rdd, struct)
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow_schema = to_arrow_schema(struct)
+    # a Connect client gives Arrow timestamps the session's zone, as toPandas does
+    zone = str(spark.conf.get("spark.sql.session.timeZone")) if is_connect(spark) else None
+    arrow_schema = (to_arrow_schema(struct) if zone is None
+                    else to_arrow_schema(struct, timezone=zone))
     convert = None if safe else _arrow_rows(struct)
 
     def batches(it: Iterator[Any]) -> Iterator[Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import OptionsError, StateBackendError
 
-__all__ = ["grouping_columns", "is_connect", "master_of", "parse_delay_ms", "session_conf",
+__all__ = ["check_session", "grouping_columns", "is_connect", "master_of", "parse_delay_ms", "session_conf",
            "session_key", "session_of", "set_log_level", "wait_for_listener_bus",
            "watermark_of"]
 
@@ -38,10 +38,34 @@ def _is_grouped(obj: Any) -> bool:
     if isinstance(obj, GroupedData):
         return True
     if is_connect(obj):
-        from pyspark.sql.connect.group import GroupedData as ConnectGroupedData
-
+        try:
+            from pyspark.sql.connect.group import GroupedData as ConnectGroupedData
+        except ImportError as exc:
+            raise StateBackendError(_MISSING_CONNECT.format(exc=exc)) from exc
         return isinstance(obj, ConnectGroupedData)
     return False
+
+
+_MISSING_CONNECT = ("a Spark Connect session needs pyspark's connect extra ({exc}): "
+                    "pip install 'pyspark[connect]' (or 'statebackend[connect]')")
+# the oldest Spark server our operators run on through Connect: Python stateful operators,
+# client-side streaming listeners and observed metrics as Spark 4 gives them
+MIN_CONNECT_SERVER = (4, 0)
+
+
+def check_session(spark: Any) -> None:
+    """Refuse, with what to install or upgrade, a session our operators cannot run on."""
+    if not is_connect(spark):
+        return
+    version = str(spark.version)
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    if parts < MIN_CONNECT_SERVER:
+        need = ".".join(map(str, MIN_CONNECT_SERVER))
+        raise StateBackendError(
+            f"the Spark Connect server runs Spark {version}; statebackend's operators on "
+            f"Spark Connect need a Spark {need} or newer server (client-side streaming "
+            f"listeners and Python stateful operators as Spark 4 runs them). Upgrade the "
+            f"server, or use a classic session (SparkSession.builder.master(...)).")
 
 
 def grouping_columns(grouped: Any) -> tuple[Any, list[str]]:
@@ -80,8 +104,15 @@ def _classic_grouping_names(grouped: Any) -> list[str]:
         expr = exprs.apply(i)
         if expr.getClass().getSimpleName() not in ("UnresolvedAttribute", "AttributeReference"):
             raise _not_a_column(expr.sql())
-        names.append(expr.name())
+        names.append(_unquote(expr.name()))
     return names
+
+
+def _unquote(name: str) -> str:
+    # a quoted identifier (`a.b`) names one column whose name holds the dot
+    if len(name) > 1 and name.startswith("`") and name.endswith("`"):
+        return name[1:-1].replace("``", "`")
+    return name
 
 
 def _connect_grouping_names(grouped: Any) -> list[str]:
@@ -95,11 +126,7 @@ def _connect_grouping_names(grouped: Any) -> list[str]:
         expr = getattr(col, "_expr", None)
         if not isinstance(expr, ColumnReference):
             raise _not_a_column(str(col))
-        name = expr._unparsed_identifier
-        # a quoted identifier (`a.b`) names one column whose name holds the dot
-        if name.startswith("`") and name.endswith("`"):
-            name = name[1:-1].replace("``", "`")
-        names.append(name)
+        names.append(_unquote(expr._unparsed_identifier))
     return names
 
 

@@ -253,7 +253,16 @@ def task_identity(config: OperatorConfig, partition: int | None = None) -> tuple
     elif config.epoch is not None:
         checkpoint_id = config.epoch
     else:
-        raise StateBackendError("no micro-batch id and no epoch: run through RocksDBStateBackend")
+        # A streaming operator's task without Spark's micro-batch id: its DataFrame was
+        # executed outside the streaming query's own thread, which is how a Spark Connect
+        # server runs the DataFrame a foreachBatch function acts on.
+        raise StateBackendError(
+            f"operator {config.operator_id!r}: this task has no micro-batch id. Spark gives "
+            f"one only to the tasks a streaming query runs itself; on Spark Connect a "
+            f"foreachBatch function's DataFrame runs outside the query, so our operator "
+            f"cannot run inside foreachBatch there. Write its output with a sink instead "
+            f"(writeStream.format(...).start() or .toTable(...)), or move foreachBatch after "
+            f"it into a second query reading that sink.")
     # unique per attempt even across driver restarts (invariant 2)
     attempt = f"t{tc.taskAttemptId()}-a{tc.attemptNumber()}-{uuid.uuid4().hex[:8]}"
     partition = tc.partitionId() if partition is None else partition

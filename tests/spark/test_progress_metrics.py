@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import threading
 import time
 
@@ -258,3 +259,24 @@ def test_metrics_row_crosses_arrow_with_null_user_columns_of_any_type(spark):
     assert out.schema == user  # names, types and NOT NULL as declared
     got = progress_metrics({"observedMetrics": {"n": obs.get}}, "n")
     assert got["partitions"] == 2 and got["input_rows"] == 2 and got["rows"] == 2
+
+
+def test_progress_metrics_read_connect_s_shape_of_an_observed_row():
+    # Spark Connect's client reads observedMetrics from the progress JSON into
+    # Row(values=[...], schema={...}); the metrics are the same as from a classic Row
+    from pyspark.sql import Row
+
+    task = json.dumps({"partitions": 1, "input_rows": 7, "bytes_uploaded": 10})
+    schema = {"type": "struct", "fields": [
+        {"name": "rows", "type": "long", "nullable": False, "metadata": {}},
+        {"name": "task_metrics", "type": {"type": "array", "elementType": "string",
+                                          "containsNull": False},
+         "nullable": False, "metadata": {}}]}
+    classic = progress_metrics({"observedMetrics": {"n": Row(rows=5, task_metrics=[task])}},
+                               "n")
+    connect = progress_metrics({"observedMetrics": {"n": Row(values=[5, [task]],
+                                                             schema=schema)}}, "n")
+    as_json = progress_metrics(json.dumps({"observedMetrics": {"n": {"values": [5, [task]],
+                                                                     "schema": schema}}}), "n")
+    assert classic == connect == as_json
+    assert classic["rows"] == 5 and classic["input_rows"] == 7 and classic["partitions"] == 1

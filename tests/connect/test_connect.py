@@ -1,0 +1,188 @@
+"""Every swap-in, reader and checkpoint completion on a Spark Connect session, compared with
+Spark's own operators on Connect and with ours on a classic session.
+
+The Connect side runs in its own process (tests/connect/connect_job.py: pyspark puts a
+whole process into Connect mode), on a local Connect server pyspark starts; this module
+runs the same scenarios on the classic ``spark`` session and compares, micro-batch by
+micro-batch, and reads the state the Connect run wrote with the classic readers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from fidelity_cases import CASE_BY_NAME, SCHEMA, WATERMARK, builders, fidelity_batches
+from harness import (
+    assert_same,
+    check_batches,
+    random_batches,
+    run_stream,
+    running_counts,
+    write_batches,
+)
+
+from statebackend import RocksDBStateBackend, StateBackendOptions
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "connect_job.py")
+sys.path.insert(0, os.path.dirname(JOB))
+from connect_job import EVERY_STATE, FIDELITY  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def connect_run(tmp_path_factory) -> Path:
+    """Runs every Connect scenario once (one local Connect server, ~5-8 minutes on 2
+    cores); each test then reads what its scenario left under ``results/``."""
+    work = tmp_path_factory.mktemp("connect")
+    input_dir = work / "fidelity-input"
+    write_batches(str(input_dir), fidelity_batches())
+    proc = subprocess.run([sys.executable, JOB, str(work), str(input_dir)],
+                          capture_output=True, text=True, timeout=2400,
+                          stdin=subprocess.DEVNULL)
+    (work / "job.log").write_text(proc.stdout[-200_000:] + "\n" + proc.stderr[-200_000:])
+    return work
+
+
+def _result(work: Path, scenario: str) -> Path:
+    out = work / "results" / scenario
+    error = out / "error.json"
+    assert not error.exists(), json.loads(error.read_text())["error"]
+    assert out.exists(), f"scenario {scenario} did not run; see {work / 'job.log'}"
+    return out
+
+
+def _batches(d: Path) -> dict[int, pd.DataFrame]:
+    out = {}
+    for f in sorted(d.glob("*.pkl")):
+        pdf = pd.read_pickle(f)
+        out[int(f.stem)] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
+    return out
+
+
+def _canon(v: Any) -> Any:
+    """A value as both kinds of session hand it to pandas, in one form: Rows and dicts as
+    dicts, arrays as lists, timestamps as UTC instants."""
+    if hasattr(v, "asDict"):
+        return {k: _canon(x) for k, x in v.asDict().items()}
+    if isinstance(v, dict):
+        return {k: _canon(x) for k, x in v.items()}
+    if isinstance(v, list | tuple | np.ndarray):
+        return [_canon(x) for x in v]
+    if isinstance(v, pd.Timestamp | datetime.datetime):
+        ts = pd.Timestamp(v)
+        return (ts.tz_localize(None) if ts.tzinfo is None else
+                ts.tz_convert("UTC").tz_localize(None)).isoformat()
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _rows(frame: pd.DataFrame) -> list[tuple]:
+    return [tuple(_canon(v) for v in row) for row in frame.itertuples(index=False)]
+
+
+def _classic_backend(tmp_path: Path) -> RocksDBStateBackend:
+    return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
+        parallelism=2, local_dir=str(tmp_path / "local")))
+
+
+@pytest.mark.parametrize("name", FIDELITY)
+def test_fidelity_case_on_connect_equals_spark_and_classic(spark, tmp_path, connect_run, name):
+    out = _result(connect_run, name)
+    ours, theirs = _batches(out / "ours"), _batches(out / "theirs")
+    assert len(theirs) == 6 and sum(len(f) for f in theirs.values()) > 0
+    # on Connect: ours gives Spark's own operator's rows in every micro-batch
+    assert_same(ours, theirs)
+    # on classic: the same case gives the same rows
+    case = CASE_BY_NAME[name]
+    init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
+                                                  "init": [1000, 4000, 9000]}))
+    _, ours_q = builders(case, _classic_backend(tmp_path), init_df)
+    classic = run_stream(spark, str(connect_run / "fidelity-input"), SCHEMA, ours_q,
+                         str(tmp_path / "ck"), WATERMARK if case.watermark else None)
+    assert_same(ours, classic)
+    # read_state on Connect (every state as JSON, each state typed) = the classic reader's
+    # rows of the state the Connect run wrote
+    meta = json.loads((out / "meta.json").read_text())
+    reader = RocksDBStateBackend(meta["state"])
+    views = pd.read_pickle(out / "read_state.pkl")
+    assert EVERY_STATE in views and len(views) > 1
+    for state, frame in views.items():
+        expected = reader.read_state(spark, meta["operator_id"],
+                                     state_name=None if state == EVERY_STATE else state
+                                     ).toPandas()
+        assert list(frame.columns) == list(expected.columns)
+        assert _rows(frame) == _rows(expected), state
+
+
+def test_exactly_once_restart_change_feed_savepoint_and_progress_on_connect(spark,
+                                                                            connect_run):
+    out = _result(connect_run, "restart")
+    data = random_batches(5, seed=29)
+    # a task failed once in each run and the query restarted on more input: the rows of
+    # a failure-free run
+    check_batches(_batches(out / "batches"), running_counts(data)[0])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["latest"] == 4 and len(meta["retained"]) >= 2
+    # the backend's metrics were in Spark's progress under the observation name
+    assert meta["observed"] and all(o is not None and o["rows"] > 0 and o["partitions"] == 2
+                                    and o["input_rows"] > 0 for o in meta["observed"])
+    # the change feed Connect read = the classic reader's
+    reader = RocksDBStateBackend(meta["state"])
+    changes = pd.read_pickle(out / "changes.pkl")
+    expected = reader.read_changes(spark, "rc", meta["retained"][0],
+                                   meta["retained"][-1]).toPandas()
+    assert len(changes) > 0 and _rows(changes) == _rows(expected)
+    # the savepoint Connect took holds the latest checkpoint's entries
+    def entries(frame: pd.DataFrame) -> list:
+        return sorted(map(repr, _rows(frame[["key", "state_name", "user_key", "value"]])))
+
+    saved = reader.read_state(spark, "rc", savepoint=meta["savepoint"]).toPandas()
+    latest = reader.read_state(spark, "rc").toPandas()
+    assert len(latest) >= len(running_counts(data)[1]) and entries(saved) == entries(latest)
+
+
+def test_map_in_pandas_with_value_blocks_on_connect(spark, connect_run):
+    out = _result(connect_run, "vector")
+    data = random_batches(3, seed=41, rows=120, keys=60)
+    ref, totals = running_counts(data)
+    check_batches(_batches(out / "batches"), ref)
+    frames = pd.read_pickle(out / "read_state.pkl")
+    got = {_canon(r)["k"]: _canon(v)["c"] for r, v in
+           zip(frames["typed"]["key"], frames["typed"]["value"])}
+    assert got == totals
+    # the distributed reader and the driver reader agree on Connect, and with classic
+    assert _rows(frames["typed"]) == _rows(frames["driver"])
+    meta = json.loads((out / "meta.json").read_text())
+    classic = RocksDBStateBackend(meta["state"]).read_state(
+        spark, "vec", state_name="columnState").toPandas()
+    assert _rows(frames["typed"]) == _rows(classic)
+
+
+def test_supervise_on_connect(connect_run):
+    meta = json.loads((_result(connect_run, "supervise") / "meta.json").read_text())
+    assert meta == {"starts": 1, "failures": 0, "latest": 1}
+
+
+def test_demo_on_a_connect_session(tmp_path):
+    """The demo with ``--remote``: a local Connect server, the totals checked at the end."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "statebackend.demo", "--remote", "local[2]",
+         "--dir", str(tmp_path / "demo"), "--batches", "3", "--events", "600", "--keys", "80"],
+        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "totals match" in proc.stdout
+    assert [line.split("|")[0].strip() for line in proc.stdout.splitlines()
+            if line.startswith("batch ")] == ["batch   0", "batch   1", "batch   2"]
