@@ -163,7 +163,9 @@ class ChangelogUpload(CheckpointOperation):
         merged = slices.merge_slices(lineage.slices, [u for u, _p in self.units])
         cover = slices.covering(self.request.key_group_range, merged, lineage.materialized_id)
         kept = slices.prune_slices(merged, cover)
-        self.prune_upto = cover.start
+        # a restore of rolling slices reads its changelogs from durable storage (the local
+        # copy tier needs a base snapshot), so no local changelog is kept
+        self.prune_upto = n
         old_names = {nm for u in kept if u.checkpoint_id != n for nm in u.file_names()}
         rolled = Lineage(
             lineage.materialization if cover.needs_base else None,
@@ -312,8 +314,10 @@ class ChangelogUpload(CheckpointOperation):
                     ref = manifest.materialization
                     keep.append(local.copy_dir(ref.checkpoint_id, ref.attempt))
                 local.retain(keep=keep)
-                local.prune_changelogs(manifest.materialized_id if self.prune_upto is None
-                                       else self.prune_upto, keep=[local_log])
+                if self.prune_upto is None:
+                    local.prune_changelogs(manifest.materialized_id, keep=[local_log])
+                else:
+                    local.prune_changelogs(self.prune_upto)
             else:
                 local.prune_changelogs(None)
                 if os.path.exists(local_log):

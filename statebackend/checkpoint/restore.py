@@ -257,7 +257,8 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
 def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
                     manifest: PartitionManifest, local_dir: str | None) -> int:
     """:func:`replay_changelogs` of a manifest with rolling slices
-    (:mod:`~statebackend.checkpoint.slices`): its changelogs and units in batch order."""
+    (:mod:`~statebackend.checkpoint.slices`): its units in place, then its changelogs
+    where a key group's unit is older than them."""
     from . import slices as sl
 
     recording, instance.changelog = instance.changelog, None
@@ -269,26 +270,21 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         key=lambda u: (u.checkpoint_id, u.first_kg))
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
     where = f"manifest {manifest.path}"
-    total, start = 0, cover.start
-
-    def apply_units(before: int) -> None:
-        nonlocal total
-        while units and units[0].checkpoint_id < before:
-            u = units.pop(0)
-            paths = sl.fetch_unit_paths(manifest, u, scratch)
-            total += download_files(store, manifest, paths)
-            sl.ingest_unit(instance, u, [p for _f, p in paths])
-
+    start = cover.start
+    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
     try:
+        # every unit's files at once (the store's parallel transfers) and in place first;
+        # the changelogs then only touch the key groups whose unit is older than them
+        total = download_files(store, manifest, [x for _u, xs in local for x in xs])
+        sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
+                        clear=origin.materialized_id is not None)
         for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
             n = changelog_id(f.name)
             check_chain([(f.path, n, span(data, f.path))], start, n, where)
             start = n
-            apply_units(n)
-            sl.replay_filtered(instance, data, n, cover, f.path)
+            sl.replay_filtered(instance, data, n, cover, units, f.path)
             total += len(data) if downloaded else 0
         check_chain([], start, origin.checkpoint_id, where)
-        apply_units(origin.checkpoint_id + 1)
     except CorruptStateError as exc:
         if exc.checkpoint_id is None:
             exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition

@@ -189,9 +189,7 @@ def _clear(instance: RocksDBInstance, unit: SliceRef) -> None:
         if (cf in GLOBAL_COLUMN_FAMILIES) != unit.is_global:
             continue
         if unit.is_global:
-            keys = [k for k, _v in instance.scan_range(cf, b"", None)]
-            if keys:
-                instance.write({cf: dict.fromkeys(keys)})
+            _clear_cf(instance, cf)
         else:
             instance.delete_range(cf, _prefix(unit.first_kg), _end(unit.last_kg))
 
@@ -206,17 +204,52 @@ def ingest_unit(instance: RocksDBInstance, unit: SliceRef, paths: Sequence[str])
         instance.column_family(cf).ingest_external_file([path], opts)
 
 
+def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequence[str]]],
+                 clear: bool) -> None:
+    """Put every unit in place (``(unit, local paths)``, in batch order): what each unit
+    replaces deleted first when ``clear`` (a base is open), then each column family's files
+    ingested in one call when no two units overlap (else one unit after another)."""
+    keyed = [u for u, _p in units if not u.is_global]
+    overlap = any(a.first_kg <= b.last_kg and b.first_kg <= a.last_kg
+                  for i, a in enumerate(keyed) for b in keyed[i + 1:])
+    if overlap:
+        for u, paths in units:
+            ingest_unit(instance, u, paths)
+        return
+    if clear:
+        for u, _p in units:
+            _clear(instance, u)
+    by_cf: dict[str, list[str]] = {}
+    for u, paths in units:
+        for cf, path in zip(u.column_families, paths):
+            by_cf.setdefault(cf, []).append(path)
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    for cf, paths in by_cf.items():
+        instance.column_family(cf).ingest_external_file(paths, opts)
+
+
+def _kg_of(key: bytes) -> int:
+    return int.from_bytes(key[:2].ljust(2, b"\0"), "big")
+
+
 def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage: Coverage,
-                    where: str) -> int:
-    """Apply changelog ``batch`` to the key groups whose unit is older than it; records."""
+                    units: Sequence[SliceRef], where: str) -> int:
+    """Apply changelog ``batch`` to the key groups whose unit is older than it, on a state
+    where every unit is already in place (:func:`ingest_units`); records read.
+
+    Writes and range deletes are clipped to those key groups (the others' units already
+    hold their effect); a column family dropped is dropped only when no unit at or after
+    ``batch`` holds it (else it was made again later: its stale key groups are cleared)."""
     n = 0
     stale_global = coverage.global_version < batch
     versions = coverage.versions
     for rec in read_records(data, where):
         n += 1
+        is_global = rec.cf in GLOBAL_COLUMN_FAMILIES
         if rec.op == OP_WRITE:
             assert rec.entries is not None
-            if rec.cf in GLOBAL_COLUMN_FAMILIES:
+            if is_global:
                 if stale_global:
                     instance.write({rec.cf: rec.entries})
                 continue
@@ -225,12 +258,47 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
             if keep:
                 instance.write({rec.cf: keep})
         elif rec.op == OP_DELETE_RANGE:
-            instance.delete_range(rec.cf, rec.start, rec.end)
+            if is_global:
+                if stale_global:
+                    instance.delete_range(rec.cf, rec.start, rec.end)
+                continue
+            _delete_stale(instance, rec.cf, rec.start, rec.end, batch, versions)
         elif rec.op == OP_CREATE_CF:
             instance.column_family(rec.cf)
         elif rec.op == OP_DROP_CF:
-            instance.drop_column_family(rec.cf)
+            if rec.cf not in instance.column_family_names():
+                continue
+            held_later = any(u.checkpoint_id >= batch and rec.cf in u.column_families
+                             for u in units)
+            if not held_later:
+                instance.drop_column_family(rec.cf)
+            elif not is_global:
+                _delete_stale(instance, rec.cf, b"", _end(MAX_KEY_GROUP), batch, versions)
+            elif stale_global:
+                _clear_cf(instance, rec.cf)
     return n
+
+
+MAX_KEY_GROUP = (1 << 15) - 1
+
+
+def _delete_stale(instance: RocksDBInstance, cf: str, start: bytes, end: bytes, batch: int,
+                  versions: dict[int, int]) -> None:
+    """``delete_range(start, end)`` on the key groups whose unit is older than ``batch``."""
+    if start >= end:
+        return
+    for kg in range(_kg_of(start), min(_kg_of(end), MAX_KEY_GROUP) + 1):
+        if versions.get(kg, -1) >= batch:
+            continue
+        lo, hi = max(start, _prefix(kg)), min(end, _end(kg))
+        if lo < hi:
+            instance.delete_range(cf, lo, hi)
+
+
+def _clear_cf(instance: RocksDBInstance, cf: str) -> None:
+    keys = [k for k, _v in instance.scan_range(cf, b"", None)]
+    if keys:
+        instance.write({cf: dict.fromkeys(keys)})
 
 
 def unit_files(manifest: PartitionManifest, unit: SliceRef) -> list[FileEntry]:

@@ -44,8 +44,13 @@ def random_batch(rng: random.Random, big: bool = False) -> list[tuple]:
                                       for _ in range(rng.randint(1, 8))]))
         elif r < 0.8:
             ops.append(("delete", cf, key(kg, rng.randint(0, 9))))
-        elif r < 0.9:
+        elif r < 0.85:
             ops.append(("range", cf, key(kg, rng.randint(0, 4)), key(kg, rng.randint(5, 9))))
+        elif r < 0.88:  # across key groups (and slices)
+            kg2 = rng.randint(kg, KGR[1])
+            ops.append(("range", cf, key(kg, rng.randint(0, 9)), key(kg2, rng.randint(0, 9))))
+        elif r < 0.9:  # a state dropped (made again by a later write)
+            ops.append(("drop", cf))
         else:  # the state layer's descriptors: a column family not keyed by key group
             ops.append(("put", "_meta", b"state-%d" % rng.randint(0, 3), os.urandom(8)))
     return ops
@@ -57,7 +62,7 @@ def covered(m: PartitionManifest) -> dict[int, int]:
 
 @pytest.mark.parametrize("mode", ["changelog", "auto"])
 @pytest.mark.parametrize("kept_open", [True, False])
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_restore_after_every_batch_of_a_random_history_equals_the_model(
         tmp_path: Path, mode: str, kept_open: bool, seed: int) -> None:
     rng = random.Random(seed)
