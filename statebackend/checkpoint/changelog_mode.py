@@ -147,7 +147,12 @@ class ChangelogUpload(CheckpointOperation):
         writes the instance."""
         t, req, n = self.target, self.request, self.request.checkpoint_id
         held = lineage.materialized_size + lineage.changelog_size + lineage.slices_size
-        rewrite_all = not lineage.slices and lineage.materialization is None or (
+        base = req.base
+        # rescaled (a base of other key groups): the units and changelogs of the old
+        # partition do not cover this range, so the first batch writes it whole
+        rescaled = base is not None and (base.key_group_start,
+                                         base.key_group_end) != req.key_group_range
+        rewrite_all = rescaled or not lineage.slices and lineage.materialization is None or (
             self.stats.size >= MIN_CHANGELOG_BYTES and self.stats.size >= held)
         ranges = slices.due_ranges(req.key_group_range, t.options.rolling_slices, n,
                                    rewrite_all)

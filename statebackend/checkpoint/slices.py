@@ -308,8 +308,10 @@ def unit_files(manifest: PartitionManifest, unit: SliceRef) -> list[FileEntry]:
     for name in unit.file_names():
         f = have.get(name)
         if f is None:
-            raise CorruptStateError(f"{manifest.path}: slice file {name} of the unit of batch "
-                                    f"{unit.checkpoint_id} is not among its files",
+            raise CorruptStateError(f"checkpoint {manifest.checkpoint_id} partition "
+                                    f"{manifest.partition} ({manifest.path}): slice file "
+                                    f"{name} of the unit of batch {unit.checkpoint_id} is not "
+                                    f"among its files; the committed state cannot be restored",
                                     checkpoint_id=manifest.checkpoint_id,
                                     partition=manifest.partition, path=manifest.path)
         out.append(f)
