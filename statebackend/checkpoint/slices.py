@@ -19,26 +19,26 @@ bytes. Here what a batch makes durable is its changelog plus ``1/N`` of the stat
 RocksDB compacts locally; the previous unit of the rewritten slice and the changelogs
 older than every unit are garbage as soon as the checkpoint is retained alone.
 
-A restore (:func:`replay_rolling`) opens the base (or an empty instance) and goes through
-the changelogs and units in batch order: a changelog applies its writes only to key groups
-whose final unit is older than it; a unit deletes its key-group range in every keyed column
-family (the whole column family for the global unit) and ingests its files. Every key group
-thus ends at its unit's state with the later changelogs on top: exactly the checkpoint's
-state. Range deletes and column families created or dropped apply in order, unfiltered
-(anything they touch in a key group is replaced by its unit later in the same order).
+A restore (``replay_changelogs`` in :mod:`~statebackend.checkpoint.restore`) opens the
+base (or an empty instance), downloads every unit at once and puts them in place
+(:func:`ingest_units`: what a unit replaces deleted when a base is open, each column
+family's files ingested in one call), then replays the changelogs after the oldest unit
+with :func:`replay_filtered`: writes and range deletes only on the key groups whose unit
+is older than the changelog, a column family dropped only when no later unit holds it.
+Every key group thus ends at its unit's state with the later changelogs on top: exactly
+the checkpoint's state.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
 
 from ..errors import CorruptStateError
-from ..model.manifest import FileEntry, PartitionManifest, SliceRef, changelog_id
+from ..model.manifest import FileEntry, PartitionManifest, SliceRef
 from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
 from .changelog import OP_CREATE_CF, OP_DELETE_RANGE, OP_DROP_CF, OP_WRITE, read_records
 
@@ -318,25 +318,8 @@ def unit_files(manifest: PartitionManifest, unit: SliceRef) -> list[FileEntry]:
     return out
 
 
-def schedule(manifest: PartitionManifest, changelogs: Sequence[FileEntry]
-             ) -> list[tuple[int, str, object]]:
-    """Changelogs and units in the order a restore applies them: by batch, a batch's
-    changelog before its units."""
-    events: list[tuple[int, int, str, object]] = []
-    for f in changelogs:
-        events.append((changelog_id(f.name), 0, "changelog", f))
-    for s in manifest.slices:
-        events.append((s.checkpoint_id, 1, "unit", s))
-    events.sort(key=lambda e: (e[0], e[1]))
-    return [(b, kind, x) for b, _o, kind, x in events]
-
-
 def fetch_unit_paths(manifest: PartitionManifest, unit: SliceRef, directory: str
                      ) -> list[tuple[FileEntry, str]]:
     """``(entry, local path)`` for each of ``unit``'s files, under ``directory``."""
     return [(f, os.path.join(directory, f"{unit.checkpoint_id}-{f.name}"))
             for f in unit_files(manifest, unit)]
-
-
-def discard(directory: str) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
