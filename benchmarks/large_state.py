@@ -241,7 +241,7 @@ def run_lifecycle(args: argparse.Namespace, name: str, workdir: str) -> Run:
         resident.close_all()
         # --- the machine is lost: no local directory, restore from durable storage ------
         shutil.rmtree(local, ignore_errors=True)
-        run.restore = restore_all(config, coord, args)
+        run.restore = restore_all(config, coord, args, run.batches[-1]["logical_bytes"])
     finally:
         runner.task_identity = original
         resident.close_all()
@@ -277,8 +277,11 @@ def _rss() -> int:
         return 0
 
 
-def restore_all(config: OperatorConfig, coord, args: argparse.Namespace) -> dict[str, Any]:
-    """Every partition of the latest checkpoint restored from durable storage (sequentially)."""
+def restore_all(config: OperatorConfig, coord, args: argparse.Namespace,
+                logical_bytes: int = 0) -> dict[str, Any]:
+    """Every partition of the latest checkpoint restored from durable storage (sequentially),
+    against two floors: what it downloaded, and the logical state (keys and values once)
+    through the same link, files and threads (one download of the state)."""
     from statebackend.checkpoint import PartitionCheckpointer
     from statebackend.storage import open_store
     from statebackend.storage.manifests import operator_store, read_manifest
@@ -299,12 +302,15 @@ def restore_all(config: OperatorConfig, coord, args: argparse.Namespace) -> dict
     # the floor: the live state through the link once, plus one request per file; with
     # independent connections, as many transfers at once as threads and connections allow
     lanes = max(1, config.options.download_threads)
-    if args.link == "independent":
-        floor = (nbytes / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles) / min(
-            lanes, args.max_connections)
-    else:
-        floor = nbytes / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles / lanes
-    return {"seconds": seconds, "bytes": nbytes, "files": nfiles, "download_floor_s": floor}
+
+    def floor(size: int) -> float:
+        if args.link == "independent":
+            return (size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles) / min(
+                lanes, args.max_connections)
+        return size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles / lanes
+
+    return {"seconds": seconds, "bytes": nbytes, "files": nfiles, "download_floor_s": floor(nbytes),
+            "logical_download_s": floor(logical_bytes) if logical_bytes else None}
 
 
 def stats(xs: list[float]) -> str:
@@ -325,6 +331,46 @@ def growth(xs: list[float]) -> dict[str, float]:
     return {"slope_per_batch": slope, "second_half_over_first": float(a[h:].mean() / a[:h].mean())}
 
 
+def written_over_changed(steady: list[dict[str, Any]], window: int = 50) -> dict[str, Any]:
+    """Bytes written to durable storage (critical path and background, manifests and
+    records included) over the bytes the batches changed: the mean over every batch after
+    the load and over the last ``window`` (sums over sums: a batch that uploads a
+    materialization counts with the quiet ones around it), and the worst single batch."""
+    rows = [r for r in steady if "uploaded_bytes" in r and r["changed_bytes"]]
+    if not rows:
+        return {"written_over_changed_mean": None, f"written_over_changed_mean_last{window}":
+                None, "written_over_changed_max": None}
+    last = rows[-window:]
+    return {
+        "written_over_changed_mean": (sum(r["uploaded_bytes"] for r in rows)
+                                      / sum(r["changed_bytes"] for r in rows)),
+        f"written_over_changed_mean_last{window}": (sum(r["uploaded_bytes"] for r in last)
+                                                    / sum(r["changed_bytes"] for r in last)),
+        "written_over_changed_max": max(r["uploaded_bytes"] / r["changed_bytes"] for r in rows),
+        "written_bytes_per_batch_mean": sum(r["uploaded_bytes"] for r in rows) / len(rows),
+        "written_bytes_per_batch_max": max(r["uploaded_bytes"] for r in rows),
+    }
+
+
+def issue_targets(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The large-state targets (default options, 1% uniform churn), each with the measured
+    figure and whether it holds: reported, never asserted."""
+    rows = {
+        "durable_peak <= 1.5x logical": (s["durable_over_logical_max_steady"], 1.5),
+        "durable_after_gc <= 1.3x logical": (s["durable_post_gc_over_logical_max_steady"], 1.3),
+        "written / changed, mean of the last 50 <= 3x": (
+            s.get("written_over_changed_mean_last50"), 3.0),
+        "written / changed, any batch <= 10x": (s.get("written_over_changed_max"), 10.0),
+        "local <= 2x logical": (s["local_over_logical_max_steady"], 2.0),
+        "p90 batch <= 1.3x median": (s["p90_over_median"], 1.3),
+        "max batch <= 2x median": (s["max_over_median"], 2.0),
+        "restore <= 1.5x one download of the state": (s.get("restore_over_logical_download"),
+                                                       1.5),
+    }
+    return {k: {"value": v, "target": t, "met": None if v is None else v <= t}
+            for k, (v, t) in rows.items()}
+
+
 def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str, Any]:
     """Every amplification figure against the logical state (keys + values of live entries)."""
     steady = batches[1:]
@@ -338,6 +384,7 @@ def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str
     local = ratio("local_bytes", batches)
     last = batches[-window:]
     uploaded = [r["uploaded_bytes"] / r["changed_bytes"] for r in steady if "uploaded_bytes" in r]
+    written = written_over_changed(steady, window)
     reported = [r["reported_logical_bytes"] / r["logical_bytes"] for r in batches
                 if r.get("reported_logical_bytes")]
     return {
@@ -353,6 +400,8 @@ def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str
         "local_over_logical_end": local[-1],
         "uploaded_over_changed_median": float(np.median(uploaded)) if uploaded else None,
         "uploaded_over_changed_max": max(uploaded) if uploaded else None,
+        **written,
+        "durable_over_logical_end": batches[-1]["durable_bytes"] / batches[-1]["logical_bytes"],
         f"last{window}_durable_post_gc_growth": growth(ratio("durable_bytes", last)),
         f"last{window}_durable_peak_growth": growth(
             [max(r["durable_before_gc_bytes"], r["durable_bytes"]) / r["logical_bytes"]
@@ -372,6 +421,12 @@ def against_logical(batches: list[dict[str, Any]], window: int = 50) -> dict[str
 
 
 def summary(run: Run) -> dict[str, Any]:
+    s = _summary(run)
+    s["targets"] = issue_targets(s)
+    return s
+
+
+def _summary(run: Run) -> dict[str, Any]:
     steady = run.batches[1:]
     lat = [r["latency_s"] for r in steady]
     crit_ratio = [r["critical_bytes"] / r["changed_bytes"] for r in steady]
@@ -399,6 +454,9 @@ def summary(run: Run) -> dict[str, Any]:
         "restore_s": run.restore.get("seconds"),
         "restore_over_floor": (run.restore["seconds"] / run.restore["download_floor_s"]
                                if run.restore.get("download_floor_s") else None),
+        "restore_over_logical_download": (
+            run.restore["seconds"] / run.restore["logical_download_s"]
+            if run.restore.get("logical_download_s") else None),
         "sources": _counts(steady, "sources"),
         "modes": _counts(steady, "modes"),
         "memory": run.memory,
@@ -439,15 +497,27 @@ def print_run(run: Run) -> None:
     print(f"  uploaded per batch / changed: median {s['uploaded_over_changed_median']:.2f}, max "
           f"{s['uploaded_over_changed_max']:.2f}; logical reported by the checkpoints / true: "
           f"{s['reported_logical_over_true']}")
+    print(f"  written to durable storage / changed: mean {_x(s['written_over_changed_mean'])}, "
+          f"mean of the last 50 {_x(s['written_over_changed_mean_last50'])}, worst batch "
+          f"{_x(s['written_over_changed_max'])}; durable at the end "
+          f"{s['durable_over_logical_end']:.2f} of the logical state")
     print(f"  restore after losing the machine: {run.restore['seconds']:.1f} s for "
           f"{run.restore['bytes'] / 1e6:.0f} MB in {run.restore['files']} files (floor "
-          f"{run.restore['download_floor_s']:.1f} s: {s['restore_over_floor']:.2f}x)")
+          f"{run.restore['download_floor_s']:.1f} s: {s['restore_over_floor']:.2f}x; one "
+          f"download of the logical state {_x(s['restore_over_logical_download'])})")
+    print("  targets: " + "; ".join(
+        f"{k} {_x(v['value'])} {'met' if v['met'] else 'NOT met' if v['met'] is not None else '?'}"
+        for k, v in s["targets"].items()))
     m = run.memory
     print(f"  memory (all partitions of the process): RSS {m['rss_bytes'] / 2**20:.0f} MiB "
           f"(peak {m['rss_max_bytes'] / 2**20:.0f}), block cache {m['block_cache_usage'] / 2**20:.0f}"
           f"/{m['block_cache_capacity'] / 2**20:.0f} MiB, write buffers "
           f"{m['write_buffer_usage'] / 2**20:.0f}/{m['write_buffer_capacity'] / 2**20:.0f} MiB")
     print(f"  restore sources of the tasks: {s['sources']}; checkpoint modes: {s['modes']}")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 def plot(runs: list[Run], out_dir: str, title: str) -> list[str]:

@@ -20,6 +20,7 @@ What the checks prove, in the order a restore depends on them:
 * ``rocksdb_file_set``: the SST files RocksDB's own ``MANIFEST-<n>`` lists are exactly
   those the partition manifest references, ``CURRENT`` names that MANIFEST, and the
   ``OPTIONS`` file is there (RocksDB refuses to open without them);
+* ``slices_listed`` (rolling slices): every unit's files are listed;
 * ``changelogs_continuous`` (changelog mode): the changelogs replay without a gap from the
   materialization up to the checkpoint itself;
 * ``opens`` (deep): each partition downloaded, opened by RocksDB, its changelogs replayed,
@@ -216,6 +217,11 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
         if m.mode != "changelog":
             continue
         covered = m.materialized_id
+        if m.slices:  # rolling slices: the changelogs after the oldest unit
+            from .checkpoint.slices import covering
+
+            covered = covering((m.key_group_start, m.key_group_end), m.slices,
+                               m.materialized_id).start
         for f in m.changelog_files:
             got = changelog_id(f.name)
             if covered is not None and got != covered + 1:
@@ -228,6 +234,19 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
             yield Problem(c.checkpoint_id, p, m.path,
                           f"changelog: the state ends at batch {covered}, not at checkpoint "
                           f"{c.checkpoint_id} (a changelog is missing)")
+
+
+def slices_listed(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
+    """Rolling slices: every file of every unit is listed (a restore refuses a unit whose
+    file the manifest lacks)."""
+    for p, m in sorted(c.manifests.items()):
+        have = m.slice_files
+        for u in m.slices:
+            for name in u.file_names():
+                if name not in have:
+                    yield Problem(c.checkpoint_id, p, m.path,
+                                  f"slices: the unit of batch {u.checkpoint_id} needs {name}, "
+                                  f"which the manifest does not list")
 
 
 def opens(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
@@ -265,7 +284,7 @@ def opens(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
 
 
 CHECKS: list[Check] = [files_intact, rocksdb_file_set,
-                       changelogs_continuous]
+                       changelogs_continuous, slices_listed]
 """The checks of every ``verify``, in order."""
 
 DEEP_CHECKS: list[Check] = [opens]

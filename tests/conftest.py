@@ -32,11 +32,14 @@ import pytest
 # - STATEBACKEND_TEST_AUTO_CHANGELOG_SIZE=16k (with auto): the line of auto that low, so
 #   partitions switch modes within the tests' small states;
 # - STATEBACKEND_TEST_PLACEMENT=carrier: the streaming tests with the carrier plan
-#   (statebackend.spark.carrier).
+#   (statebackend.spark.carrier);
+# - STATEBACKEND_TEST_ROLLING_SLICES=4: changelog-mode partitions checkpoint rolling
+#   slices (statebackend.checkpoint.slices).
 _SWITCHES = {"CHECKPOINT_MODE": ("checkpoint_mode", str),
              "MATERIALIZE_INLINE_RATIO": ("materialize_inline_ratio", float),
              "AUTO_CHANGELOG_SIZE": ("auto_changelog_size", str),
-             "PLACEMENT": ("placement", str)}
+             "PLACEMENT": ("placement", str),
+             "ROLLING_SLICES": ("rolling_slices", int)}
 for _env, (_field, _kind) in _SWITCHES.items():
     if os.environ.get("STATEBACKEND_TEST_" + _env):
         from statebackend.options import StateBackendOptions

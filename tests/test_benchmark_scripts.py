@@ -32,7 +32,25 @@ def test_large_state_runs_and_measures_against_the_logical_state(
     # every batch after the load changed 10% of the keys and made them durable
     assert all(b["changed_bytes"] > 0 for b in batches[1:])
     assert run["summary"]["logical_bytes"] == 3000 * (large_state.KEY_BYTES + 64)
+    summary = run["summary"]
+    # every batch after the load made at least its changed keys durable (incompressible values)
+    assert summary["written_over_changed_mean"] >= 0.9
+    assert summary["written_over_changed_max"] >= summary["written_over_changed_mean"]
+    assert summary["restore_over_logical_download"] > 0
+    assert set(summary["targets"]) >= {"durable_peak <= 1.5x logical",
+                                       "written / changed, mean of the last 50 <= 3x"}
     assert "restore after losing the machine" in capsys.readouterr().out
+
+
+def test_written_over_changed_is_sums_over_sums_of_the_last_window() -> None:
+    rows = [{"uploaded_bytes": 100, "changed_bytes": 10},  # a materialization: 10x
+            {"uploaded_bytes": 10, "changed_bytes": 10},
+            {"uploaded_bytes": 10, "changed_bytes": 10}]
+    w = large_state.written_over_changed(rows, window=2)
+    assert w["written_over_changed_mean"] == 4.0  # 120 / 30, not the mean of 10, 1, 1
+    assert w["written_over_changed_mean_last2"] == 1.0
+    assert w["written_over_changed_max"] == 10.0
+    assert w["written_bytes_per_batch_max"] == 100
 
 
 def test_bench_task_runs_every_default_workload(capsys: pytest.CaptureFixture[str]) -> None:

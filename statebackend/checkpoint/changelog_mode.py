@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 
@@ -22,13 +24,17 @@ from ..model.manifest import (
     FileEntry,
     MaterializationRef,
     PartitionManifest,
+    SliceRef,
     attempt_dir,
+    changelog_id,
     changelog_name,
     check_relative,
 )
 from ..rocksdb.instance import RocksDBInstance
+from . import slices
 from .changelog import ChangelogWriter
 from .materialize import (
+    MIN_CHANGELOG_BYTES,
     Lineage,
     materialization_due,
     materialize_in_background,
@@ -97,6 +103,10 @@ class ChangelogUpload(CheckpointOperation):
         self.local_log = target.local.changelog_path(request.checkpoint_id, request.attempt)
         self.snapshot: LocalSnapshot | None = None
         self.inline = False
+        # rolling slices (options.rolling_slices): the units this batch wrote, and where
+        self.units: list[tuple[SliceRef, list[str]]] = []
+        self.unit_dir: str | None = None
+        self.prune_upto: int | None = None
 
     def prepare(self) -> None:
         """The sync part: the batch's changelog closed locally, the lineage to build on,
@@ -114,8 +124,13 @@ class ChangelogUpload(CheckpointOperation):
         lineage, self.adoption = try_adopt(t.store, lineage, t.partition, n,
                                            t.options.materialize_interval,
                                            self._materialization_uploading)
-        self.inline = materialize_inline(lineage, self.stats.size)
         o = t.options
+        if o.rolling_slices > 0:
+            self._write_units(lineage)
+            self.lineage = lineage
+            self.sync_s = time.perf_counter() - self.t0
+            return
+        self.inline = materialize_inline(lineage, self.stats.size)
         if self.inline or materialization_due(
                 lineage, n, self.stats.size, o.materialize_interval,
                 o.materialize_changelog_ratio, o.inline_ratio()):
@@ -126,11 +141,55 @@ class ChangelogUpload(CheckpointOperation):
         self.lineage = lineage
         self.sync_s = time.perf_counter() - self.t0
 
+    def _write_units(self, lineage: Lineage) -> None:
+        """Rolling slices: write the batch's due slice (all of them when the batch wrote at
+        least the state it started from: a load) and the global unit, while nothing
+        writes the instance."""
+        t, req, n = self.target, self.request, self.request.checkpoint_id
+        held = lineage.materialized_size + lineage.changelog_size + lineage.slices_size
+        base = req.base
+        # rescaled (a base of other key groups): the units and changelogs of the old
+        # partition do not cover this range, so the first batch writes it whole
+        rescaled = base is not None and (base.key_group_start,
+                                         base.key_group_end) != req.key_group_range
+        rewrite_all = rescaled or not lineage.slices and lineage.materialization is None or (
+            self.stats.size >= MIN_CHANGELOG_BYTES and self.stats.size >= held)
+        ranges = slices.due_ranges(req.key_group_range, t.options.rolling_slices, n,
+                                   rewrite_all)
+        os.makedirs(t.local.partition_dir, exist_ok=True)
+        self.unit_dir = tempfile.mkdtemp(prefix=f".units-{n}-", dir=t.local.partition_dir)
+        self.units = slices.write_units(self.instance, ranges, n, self.unit_dir)
+
+    def _rolled(self) -> tuple[Lineage, tuple[SliceRef, ...], bool]:
+        """The lineage after this batch's units: units merged and pruned, the base and the
+        changelogs no key group needs dropped; and whether the batch's own changelog is
+        needed (some key group's unit is older than the batch)."""
+        lineage, n = self.lineage, self.request.checkpoint_id
+        merged = slices.merge_slices(lineage.slices, [u for u, _p in self.units])
+        cover = slices.covering(self.request.key_group_range, merged, lineage.materialized_id)
+        kept = slices.prune_slices(merged, cover)
+        # a restore of rolling slices reads its changelogs from durable storage (the local
+        # copy tier needs a base snapshot), so no local changelog is kept
+        self.prune_upto = n
+        old_names = {nm for u in kept if u.checkpoint_id != n for nm in u.file_names()}
+        rolled = Lineage(
+            lineage.materialization if cover.needs_base else None,
+            lineage.db_files if cover.needs_base else (),
+            tuple(c for c in lineage.changelogs if changelog_id(c.name) > cover.start),
+            lineage.pending, kept,
+            tuple(f for f in lineage.slice_files if f.name in old_names))
+        return rolled, kept, cover.start < n
+
     def run(self) -> tuple[PartitionManifest, CheckpointMetrics]:
         t, req = self.target, self.request
         try:
             t1 = time.perf_counter()
-            if self.inline:
+            if self.units or self.unit_dir is not None:
+                self.lineage, _kept, own_needed = self._rolled()
+                own, unit_entries = self._upload_changelog_and_units(own_needed)
+                self.lineage = replace(self.lineage,
+                                       slice_files=self.lineage.slice_files + unit_entries)
+            elif self.inline:
                 self.lineage, own = self._materialize_now(), ()
             else:
                 own = (self._upload_changelog(),)
@@ -141,7 +200,11 @@ class ChangelogUpload(CheckpointOperation):
                          "adoption": self.adoption,
                          "materialization_started": self.snapshot is not None
                          and not self.inline,
-                         "materialized_inline": self.inline}
+                         "materialized_inline": self.inline,
+                         "slices_written": len([u for u, _p in self.units
+                                                if not u.is_global]),
+                         "slice_bytes": sum(os.path.getsize(p) for _u, ps in self.units
+                                            for p in ps if os.path.exists(p))}
             manifest, metrics = publish_checkpoint(
                 t.store, manifest, sync_duration_s=self.sync_s, async_start=t1,
                 counts0=self.counts0, extra_metrics=req.extra_metrics, facts=req.facts,
@@ -149,6 +212,8 @@ class ChangelogUpload(CheckpointOperation):
         except BaseException:
             self.abort()
             raise
+        if self.unit_dir is not None:
+            shutil.rmtree(self.unit_dir, ignore_errors=True)
         if self.inline:
             os.unlink(self.local_log)  # the materialization holds this batch's writes
         elif self.snapshot is not None:
@@ -164,6 +229,8 @@ class ChangelogUpload(CheckpointOperation):
         self.rec.abort()
         if self.snapshot is not None:
             self.target.local.remove_copy(self.snapshot.directory)
+        if self.unit_dir is not None:
+            shutil.rmtree(self.unit_dir, ignore_errors=True)
         try:
             os.unlink(self.local_log)
         except OSError:
@@ -176,11 +243,12 @@ class ChangelogUpload(CheckpointOperation):
             operator_id=t.operator_id, partition=t.partition,
             checkpoint_id=req.checkpoint_id, attempt=req.attempt, key_group_start=kgr[0],
             key_group_end=kgr[1], max_parallelism=t.options.max_parallelism,
-            files=lineage.db_files + lineage.changelogs + own,
+            files=lineage.db_files + lineage.slice_files + lineage.changelogs + own,
             base_checkpoint_id=None if base is None else base.checkpoint_id,
             states=req.states, created_at_ms=int(time.time() * 1000),
             mode="changelog", materialization=lineage.materialization,
-            pending_materialization=lineage.pending, writer_epoch=t.writer_epoch)
+            pending_materialization=lineage.pending, writer_epoch=t.writer_epoch,
+            slices=lineage.slices)
 
     def _materialization_uploading(self, ref: MaterializationRef) -> bool:
         """Whether a live process of this machine still uploads materialization ``ref``
@@ -189,13 +257,23 @@ class ChangelogUpload(CheckpointOperation):
 
     def _upload_changelog(self) -> FileEntry:
         """Upload the batch's changelog (critical path); its durable entry."""
+        own, _units = self._upload_changelog_and_units(True)
+        return own[0]
+
+    def _upload_changelog_and_units(self, changelog: bool
+                                    ) -> tuple[tuple[FileEntry, ...], tuple[FileEntry, ...]]:
+        """Upload the batch's changelog (when ``changelog``) and the files of its units
+        together (critical path); their durable entries."""
         t, n, attempt, stats = (self.target, self.request.checkpoint_id, self.request.attempt,
                                 self.stats)
         adir = attempt_dir(n, t.partition, attempt)
         name = changelog_name(n)
+        items = [(self.local_log, check_relative(f"{adir}/{name}"))] if changelog else []
+        unit_files = [(u.file_name(i), p) for u, ps in self.units for i, p in enumerate(ps)]
+        items += [(p, check_relative(f"{adir}/{nm}")) for nm, p in unit_files]
         try:
             # no listing first: the upload refuses an existing name (a reused attempt)
-            (tr,) = t.store.put_files([(self.local_log, check_relative(f"{adir}/{name}"))])
+            transfers = t.store.put_files(items)
         except StorageError as exc:
             if isinstance(exc.__cause__, FileExistsError):
                 raise CommitFailedError(
@@ -203,11 +281,18 @@ class ChangelogUpload(CheckpointOperation):
                     f"already wrote {adir}/{name}; durable files are never overwritten, "
                     f"so retry under a fresh attempt name") from exc
             raise
+        units = tuple(FileEntry(nm, tr.path, tr.size, tr.checksum, shared=True, uploaded=True)
+                      for (nm, _p), tr in zip(unit_files, transfers[len(transfers)
+                                                                   - len(unit_files):]))
+        if not changelog:
+            return (), units
+        tr = transfers[0]
         if (tr.size, tr.checksum) != (stats.size, stats.checksum):
             raise StorageError(f"checkpoint {n} partition {t.partition}: changelog "
                                f"changed while uploading ({stats.size} bytes "
                                f"{stats.checksum} -> {tr.size} {tr.checksum})")
-        return FileEntry(name, tr.path, tr.size, tr.checksum, shared=True, uploaded=True)
+        return (FileEntry(name, tr.path, tr.size, tr.checksum, shared=True, uploaded=True),
+                ), units
 
     def _materialize_now(self) -> Lineage:
         """Upload the materialization in the critical path (see
@@ -234,7 +319,10 @@ class ChangelogUpload(CheckpointOperation):
                     ref = manifest.materialization
                     keep.append(local.copy_dir(ref.checkpoint_id, ref.attempt))
                 local.retain(keep=keep)
-                local.prune_changelogs(manifest.materialized_id, keep=[local_log])
+                if self.prune_upto is None:
+                    local.prune_changelogs(manifest.materialized_id, keep=[local_log])
+                else:
+                    local.prune_changelogs(self.prune_upto)
             else:
                 local.prune_changelogs(None)
                 if os.path.exists(local_log):

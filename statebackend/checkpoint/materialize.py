@@ -35,6 +35,7 @@ from ..model.manifest import (
     FileEntry,
     MaterializationRef,
     PartitionManifest,
+    SliceRef,
     StateDescriptor,
     attempt_dir,
     changelog_id,
@@ -77,6 +78,8 @@ class Lineage:
     db_files: tuple[FileEntry, ...]
     changelogs: tuple[FileEntry, ...]
     pending: MaterializationRef | None = None
+    slices: tuple[SliceRef, ...] = ()
+    slice_files: tuple[FileEntry, ...] = ()
 
     @classmethod
     def of(cls, restored: PartitionManifest | None) -> Lineage:
@@ -87,7 +90,9 @@ class Lineage:
         if restored.mode == "changelog":
             return cls(restored.materialization, carried,
                        tuple(replace(f, uploaded=False) for f in restored.changelog_files),
-                       restored.pending_materialization)
+                       restored.pending_materialization, restored.slices,
+                       tuple(replace(f, uploaded=False)
+                             for f in restored.slice_files.values()))
         # an incremental checkpoint is a materialization of itself (switching modes)
         return cls(restored.snapshot_ref, carried, ())
 
@@ -103,6 +108,10 @@ class Lineage:
     def changelog_size(self) -> int:
         return sum(f.size for f in self.changelogs)
 
+    @property
+    def slices_size(self) -> int:
+        return sum(f.size for f in self.slice_files)
+
     def adopt(self, published: PartitionManifest) -> Lineage:
         """Take ``published`` (the pending materialization's manifest) as the new base.
 
@@ -112,9 +121,13 @@ class Lineage:
         if ref is None or published.mode != "materialization" or \
                 (published.checkpoint_id, published.attempt) != (ref.checkpoint_id, ref.attempt):
             raise ValueError(f"{published.path} is not the pending materialization {ref}")
+        # rolling slices newer than the materialization still replace its key groups
+        slices = tuple(s for s in self.slices if s.checkpoint_id > ref.checkpoint_id)
+        names = {n for s in slices for n in s.file_names()}
         return Lineage(ref, tuple(replace(f, uploaded=False) for f in published.files),
                        tuple(c for c in self.changelogs
-                             if changelog_id(c.name) > ref.checkpoint_id))
+                             if changelog_id(c.name) > ref.checkpoint_id), None, slices,
+                       tuple(f for f in self.slice_files if f.name in names))
 
     def without_pending(self) -> Lineage:
         return replace(self, pending=None)

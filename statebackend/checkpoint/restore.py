@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
@@ -97,6 +98,29 @@ def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
             checkpoint_id=manifest.checkpoint_id, partition=manifest.partition,
             path=bad) from exc
     return sum(t.size for t in transfers), len(transfers)
+
+
+def download_files(store: DurableStore, manifest: PartitionManifest,
+                   files: list[tuple[FileEntry, str]]) -> int:
+    """Download ``(entry, local path)`` pairs of ``manifest``, verifying size and CRC32;
+    the bytes downloaded.
+
+    Raises
+    ------
+    CorruptStateError
+        A durable file is missing, truncated or fails its checksum.
+    """
+    try:
+        transfers = store.get_files([(f.path, local, f.size, f.checksum) for f, local in files])
+    except (StorageError, FileNotFoundError) as exc:
+        bad = getattr(exc, "path", None)
+        raise CorruptStateError(
+            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition} "
+            f"(attempt {manifest.attempt}): durable file {bad or '?'} is missing or corrupt "
+            f"({exc}); the committed state cannot be restored from {store.root}",
+            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition,
+            path=bad) from exc
+    return sum(t.size for t in transfers)
 
 
 def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
@@ -203,6 +227,8 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     """Replay the changelogs of ``manifest`` in order onto ``instance`` (opened from its
     :attr:`~PartitionManifest.db_files`); returns how many of their bytes were downloaded
     (the others were local copies)."""
+    if manifest.slices:
+        return _replay_rolling(instance, store, manifest, local_dir)
     recording, instance.changelog = instance.changelog, None
     total = 0
     # the chain is checked file by file as it is replayed (never all held at once)
@@ -225,6 +251,47 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
         raise
     finally:
         instance.changelog = recording
+    return total
+
+
+def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
+                    manifest: PartitionManifest, local_dir: str | None) -> int:
+    """:func:`replay_changelogs` of a manifest with rolling slices
+    (:mod:`~statebackend.checkpoint.slices`): its units in place, then its changelogs
+    where a key group's unit is older than them."""
+    from . import slices as sl
+
+    recording, instance.changelog = instance.changelog, None
+    origin = carried_origin(manifest) or manifest
+    cover = sl.covering((manifest.key_group_start, manifest.key_group_end), manifest.slices,
+                        origin.materialized_id)
+    units = sorted((u for u in manifest.slices if u.checkpoint_id > (
+        -1 if origin.materialized_id is None else origin.materialized_id)),
+        key=lambda u: (u.checkpoint_id, u.first_kg))
+    scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
+    where = f"manifest {manifest.path}"
+    start = cover.start
+    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
+    try:
+        # every unit's files at once (the store's parallel transfers) and in place first;
+        # the changelogs then only touch the key groups whose unit is older than them
+        total = download_files(store, manifest, [x for _u, xs in local for x in xs])
+        sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
+                        clear=origin.materialized_id is not None)
+        for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
+            n = changelog_id(f.name)
+            check_chain([(f.path, n, span(data, f.path))], start, n, where)
+            start = n
+            sl.replay_filtered(instance, data, n, cover, units, f.path)
+            total += len(data) if downloaded else 0
+        check_chain([], start, origin.checkpoint_id, where)
+    except CorruptStateError as exc:
+        if exc.checkpoint_id is None:
+            exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
+        raise
+    finally:
+        instance.changelog = recording
+        shutil.rmtree(scratch, ignore_errors=True)
     return total
 
 

@@ -130,7 +130,8 @@ class PartitionRestorer:
         ref = m.snapshot_ref
         if ref is None:
             # changelogs only (no materialization yet): local when every changelog is here
-            if not all(os.path.exists(os.path.join(copy_root.changelogs_dir,
+            # (rolling slices' units are not kept locally: durable restores them)
+            if m.slices or not all(os.path.exists(os.path.join(copy_root.changelogs_dir,
                                                    local_changelog_name(f)))
                        for f in m.changelog_files):
                 return None

@@ -234,6 +234,50 @@ def changelog_id(name: str) -> int:
     return int(m.group(1))
 
 
+_SLICE_NAME = re.compile(r"^slice-(\d+)-(\d+)-(\d+)\.sst$|^slice-g-(\d+)\.sst$")
+
+
+def is_slice_name(name: str) -> bool:
+    """Whether ``name`` is a file of a rolling slice (:class:`SliceRef`)."""
+    return _SLICE_NAME.match(name) is not None
+
+
+@dataclass(frozen=True)
+class SliceRef:
+    """One unit of a rolling checkpoint (``rolling_slices``): the entries of key groups
+    ``first_kg..last_kg`` of every column family keyed by key group, as of the end of batch
+    ``checkpoint_id``, one SST file per non-empty column family (``column_families[i]`` in
+    :meth:`file_name` ``(i)``). ``first_kg = last_kg = -1``: the column families not keyed
+    by key group (``_meta``), whole.
+    """
+
+    first_kg: int
+    last_kg: int
+    checkpoint_id: int
+    column_families: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.column_families.__class__ is not tuple:
+            object.__setattr__(self, "column_families", tuple(self.column_families))
+
+    @property
+    def is_global(self) -> bool:
+        return self.first_kg < 0
+
+    def file_name(self, i: int) -> str:
+        if self.is_global:
+            return f"slice-g-{i}.sst"
+        return f"slice-{self.first_kg}-{self.last_kg}-{i}.sst"
+
+    def file_names(self) -> tuple[str, ...]:
+        return tuple(self.file_name(i) for i in range(len(self.column_families)))
+
+
+def _slice(d: Any) -> SliceRef:
+    return SliceRef(int(d["first_kg"]), int(d["last_kg"]), int(d["checkpoint_id"]),
+                    tuple(str(c) for c in d.get("column_families", ())))
+
+
 @dataclass(frozen=True)
 class PartitionManifest:
     """What one attempt of checkpoint ``checkpoint_id`` of one partition published.
@@ -281,6 +325,11 @@ class PartitionManifest:
     # task still starts as a first batch, initial state applies)
     carried_from: CarriedFrom | None = None
     never_ran: bool = False
+    # Rolling slices (changelog mode with ``rolling_slices``): units that replace the base
+    # materialization's entries for their key groups; see
+    # :mod:`statebackend.checkpoint.slices`. Their files are in ``files``
+    # (:attr:`slice_files`); the changelogs apply to a key group only after its unit.
+    slices: tuple[SliceRef, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -304,8 +353,14 @@ class PartitionManifest:
 
     @property
     def db_files(self) -> tuple[FileEntry, ...]:
-        """The RocksDB snapshot's files (everything but changelogs)."""
-        return tuple(f for f in self.files if not is_changelog_name(f.name))
+        """The RocksDB snapshot's files (everything but changelogs and slices)."""
+        return tuple(f for f in self.files
+                     if not is_changelog_name(f.name) and not is_slice_name(f.name))
+
+    @property
+    def slice_files(self) -> dict[str, FileEntry]:
+        """Name -> entry of the files of :attr:`slices`."""
+        return {f.name: f for f in self.files if is_slice_name(f.name)}
 
     @property
     def changelog_files(self) -> tuple[FileEntry, ...]:
@@ -341,6 +396,8 @@ class PartitionManifest:
         d["full_size"] = self.full_size
         d["incremental_size"] = self.incremental_size
         d["metrics"] = dict(self.metrics)
+        if not self.slices:
+            del d["slices"]  # manifests without rolling slices read as they always did
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -357,6 +414,7 @@ class PartitionManifest:
             d["carried_from"] = _carried(d.get("carried_from"))
             d["key_columns"] = tuple(d.get("key_columns", ()))
             d["key_types"] = tuple(d.get("key_types", ()))
+            d["slices"] = tuple(_slice(x) for x in d.get("slices", ()))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
             raise

@@ -136,6 +136,13 @@ class StateBackendOptions:
             "snapshots; new SST files <= this x its changelog (+64 KiB) go in its critical "
             "path instead of the changelog, a compaction's rewrite to the background; level "
             "sizing applies. 0: off. None: 2 under `auto`, 0 under `changelog`."))
+    rolling_slices: int = _opt(
+        0, "checkpointing", "int", low=0, high=_MAX_KEY_GROUPS, doc=(
+            "Changelog mode, above 0: instead of materializing whole snapshots, each batch "
+            "rewrites one of this many key-group slices of the partition (SST files of "
+            "its entries) with its changelog, so what a batch makes durable follows what "
+            "it changed and no base is held twice. 0: off. docs/options.md, \"Rolling "
+            "slices\"."))
     # --- local recovery ------------------------------------------------------------------
     local_recovery: bool = _opt(
         True, "local_recovery", "bool", doc=(

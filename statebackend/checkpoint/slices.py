@@ -1,0 +1,325 @@
+"""Rolling slices: a durable form of the state that is rewritten a slice at a time.
+
+With ``rolling_slices = N > 0`` a changelog-mode partition does not materialize RocksDB
+snapshots. Its key-group range is cut into ``N`` contiguous slices
+(:func:`slice_ranges`); each batch writes its changelog and rewrites **one** slice, the
+entries of those key groups in every column family keyed by key group as SST files made
+with ``SstFileWriter`` (:func:`write_units`), plus the small column families not keyed by
+key group (``_meta``) whole. Slice ``checkpoint_id mod N`` is due at batch
+``checkpoint_id``; a batch whose changelog is at least the state it started from (the load)
+rewrites them all. A manifest names, for every key group, the newest unit holding it
+(:class:`~statebackend.model.manifest.SliceRef`), the base materialization while some key
+group has no unit newer than it, and the changelogs after the oldest unit
+(:func:`covering`).
+
+Why: RocksDB's leveled compaction rewrites most of a partition's bottom level when changes
+are spread uniformly, and a materialization of RocksDB's files uploads that rewrite, holds
+the old and the new base side by side while it travels, and writes many times the changed
+bytes. Here what a batch makes durable is its changelog plus ``1/N`` of the state, whatever
+RocksDB compacts locally; the previous unit of the rewritten slice and the changelogs
+older than every unit are garbage as soon as the checkpoint is retained alone.
+
+A restore (``replay_changelogs`` in :mod:`~statebackend.checkpoint.restore`) opens the
+base (or an empty instance), downloads every unit at once and puts them in place
+(:func:`ingest_units`: what a unit replaces deleted when a base is open, each column
+family's files ingested in one call), then replays the changelogs after the oldest unit
+with :func:`replay_filtered`: writes and range deletes only on the key groups whose unit
+is older than the changelog, a column family dropped only when no later unit holds it.
+Every key group thus ends at its unit's state with the later changelogs on top: exactly
+the checkpoint's state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
+
+from ..errors import CorruptStateError
+from ..model.manifest import FileEntry, PartitionManifest, SliceRef
+from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
+from .changelog import OP_CREATE_CF, OP_DELETE_RANGE, OP_DROP_CF, OP_WRITE, read_records
+
+GLOBAL_COLUMN_FAMILIES = frozenset({DEFAULT_CF, "_meta"})
+"""Column families whose keys do not start with a key group: written whole by every
+batch's global unit."""
+
+
+def slice_ranges(key_group_range: tuple[int, int], n: int) -> list[tuple[int, int]]:
+    """``min(n, key groups)`` contiguous, near-equal ``(first, last)`` slices of the range."""
+    a, b = key_group_range
+    count = b - a + 1
+    n = max(1, min(n, count))
+    return [(a + i * count // n, a + (i + 1) * count // n - 1) for i in range(n)]
+
+
+def due_ranges(key_group_range: tuple[int, int], n: int, checkpoint_id: int,
+               rewrite_all: bool) -> list[tuple[int, int]]:
+    """The slices batch ``checkpoint_id`` rewrites: one in turn, or all of them (the same
+    answer on every attempt of the batch)."""
+    ranges = slice_ranges(key_group_range, n)
+    return ranges if rewrite_all else [ranges[checkpoint_id % len(ranges)]]
+
+
+def _prefix(kg: int) -> bytes:
+    return kg.to_bytes(2, "big")
+
+
+def _end(last_kg: int) -> bytes:
+    return _prefix(last_kg + 1)  # key groups are < 2**15, so last + 1 fits
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which unit holds each key group of a lineage, and what it still needs.
+
+    Attributes
+    ----------
+    versions : dict of int to int
+        Key group -> batch of the unit holding it (the base's batch, or -1 for empty
+        state, where no unit does).
+    global_version : int
+        Batch of the global unit (the base's, or -1).
+    start : int
+        The oldest of them: changelogs after it are needed, the others are not.
+    needs_base : bool
+        Whether some key group (or the global column families) still comes from the base.
+    """
+
+    versions: dict[int, int]
+    global_version: int
+    start: int
+    needs_base: bool
+
+
+def covering(key_group_range: tuple[int, int], slices: Sequence[SliceRef],
+             base_id: int | None) -> Coverage:
+    """The :class:`Coverage` of ``slices`` over a base of batch ``base_id`` (None: empty)."""
+    floor = -1 if base_id is None else base_id
+    a, b = key_group_range
+    versions = dict.fromkeys(range(a, b + 1), floor)
+    global_version = floor
+    for s in slices:
+        if s.checkpoint_id <= floor:
+            continue
+        if s.is_global:
+            global_version = max(global_version, s.checkpoint_id)
+            continue
+        for kg in range(max(a, s.first_kg), min(b, s.last_kg) + 1):
+            versions[kg] = max(versions[kg], s.checkpoint_id)
+    start = min([global_version, *versions.values()])
+    needs = base_id is not None and start == floor
+    return Coverage(versions, global_version, start, needs)
+
+
+def merge_slices(old: Sequence[SliceRef], new: Sequence[SliceRef]) -> tuple[SliceRef, ...]:
+    """``old`` without the units ``new`` replaces whole (the same or a smaller range; the
+    global unit by the global unit), then ``new``: in batch order."""
+    def replaced(s: SliceRef) -> bool:
+        return any((s.is_global and n.is_global) or (
+            not s.is_global and not n.is_global and n.first_kg <= s.first_kg
+            and s.last_kg <= n.last_kg) for n in new)
+    kept = [s for s in old if not replaced(s)]
+    return tuple(sorted([*kept, *new], key=lambda s: (s.checkpoint_id, s.first_kg)))
+
+
+def prune_slices(slices: Sequence[SliceRef], coverage: Coverage) -> tuple[SliceRef, ...]:
+    """The units that still hold some key group's newest state."""
+    def useful(s: SliceRef) -> bool:
+        if s.is_global:
+            return s.checkpoint_id == coverage.global_version
+        return any(coverage.versions.get(kg) == s.checkpoint_id
+                   for kg in range(s.first_kg, s.last_kg + 1))
+    return tuple(s for s in slices if useful(s))
+
+
+# --- writing units ---------------------------------------------------------------------
+
+
+def _write_sst(entries: Iterable[tuple[bytes, bytes]], path: str) -> bool:
+    """Entries (in key order) into an SST file at ``path``; False (no file) when none."""
+    writer = None
+    for k, v in entries:
+        if writer is None:
+            writer = SstFileWriter(options=Options(raw_mode=True))
+            writer.open(path)
+        writer[k] = v
+    if writer is None:
+        return False
+    writer.finish()
+    return True
+
+
+def write_units(instance: RocksDBInstance, ranges: Sequence[tuple[int, int]],
+                checkpoint_id: int, directory: str) -> list[tuple[SliceRef, list[str]]]:
+    """Write the units of ``ranges`` and the global unit from ``instance`` (nothing may
+    write it meanwhile) into ``directory``; each unit with its files' local paths, in
+    :meth:`SliceRef.file_name` order."""
+    os.makedirs(directory, exist_ok=True)
+    cfs = sorted(instance.column_family_names())
+    out: list[tuple[SliceRef, list[str]]] = []
+    units = [(-1, -1)] + list(ranges)
+    for first, last in units:
+        names: list[str] = []
+        paths: list[str] = []
+        for cf in cfs:
+            is_global = cf in GLOBAL_COLUMN_FAMILIES
+            if is_global != (first < 0):
+                continue
+            ref = SliceRef(first, last, checkpoint_id, tuple(names) + (cf,))
+            path = os.path.join(directory, ref.file_name(len(names)))
+            entries = (instance.scan_range(cf, b"", None) if is_global
+                       else instance.scan_range(cf, _prefix(first), _end(last)))
+            if _write_sst(entries, path):
+                names.append(cf)
+                paths.append(path)
+        out.append((SliceRef(first, last, checkpoint_id, tuple(names)), paths))
+    return out
+
+
+# --- restoring ---------------------------------------------------------------------------
+
+
+def _clear(instance: RocksDBInstance, unit: SliceRef) -> None:
+    """Delete what ``unit`` replaces: its key groups in every keyed column family, or every
+    global column family whole."""
+    for cf in instance.column_family_names():
+        if (cf in GLOBAL_COLUMN_FAMILIES) != unit.is_global:
+            continue
+        if unit.is_global:
+            _clear_cf(instance, cf)
+        else:
+            instance.delete_range(cf, _prefix(unit.first_kg), _end(unit.last_kg))
+
+
+def ingest_unit(instance: RocksDBInstance, unit: SliceRef, paths: Sequence[str]) -> None:
+    """Replace ``unit``'s part of the state by its files (``paths``, in file order); the
+    files are moved into the instance."""
+    _clear(instance, unit)
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    for cf, path in zip(unit.column_families, paths):
+        instance.column_family(cf).ingest_external_file([path], opts)
+
+
+def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequence[str]]],
+                 clear: bool) -> None:
+    """Put every unit in place (``(unit, local paths)``, in batch order): what each unit
+    replaces deleted first when ``clear`` (a base is open), then each column family's files
+    ingested in one call when no two units overlap (else one unit after another)."""
+    keyed = [u for u, _p in units if not u.is_global]
+    overlap = any(a.first_kg <= b.last_kg and b.first_kg <= a.last_kg
+                  for i, a in enumerate(keyed) for b in keyed[i + 1:])
+    if overlap:
+        for u, paths in units:
+            ingest_unit(instance, u, paths)
+        return
+    if clear:
+        for u, _p in units:
+            _clear(instance, u)
+    by_cf: dict[str, list[str]] = {}
+    for u, paths in units:
+        for cf, path in zip(u.column_families, paths):
+            by_cf.setdefault(cf, []).append(path)
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    for cf, paths in by_cf.items():
+        instance.column_family(cf).ingest_external_file(paths, opts)
+
+
+def _kg_of(key: bytes) -> int:
+    return int.from_bytes(key[:2].ljust(2, b"\0"), "big")
+
+
+def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage: Coverage,
+                    units: Sequence[SliceRef], where: str) -> int:
+    """Apply changelog ``batch`` to the key groups whose unit is older than it, on a state
+    where every unit is already in place (:func:`ingest_units`); records read.
+
+    Writes and range deletes are clipped to those key groups (the others' units already
+    hold their effect); a column family dropped is dropped only when no unit at or after
+    ``batch`` holds it (else it was made again later: its stale key groups are cleared)."""
+    n = 0
+    stale_global = coverage.global_version < batch
+    versions = coverage.versions
+    for rec in read_records(data, where):
+        n += 1
+        is_global = rec.cf in GLOBAL_COLUMN_FAMILIES
+        if rec.op == OP_WRITE:
+            assert rec.entries is not None
+            if is_global:
+                if stale_global:
+                    instance.write({rec.cf: rec.entries})
+                continue
+            keep = {k: v for k, v in rec.entries.items()
+                    if versions.get(int.from_bytes(k[:2], "big"), -1) < batch}
+            if keep:
+                instance.write({rec.cf: keep})
+        elif rec.op == OP_DELETE_RANGE:
+            if is_global:
+                if stale_global:
+                    instance.delete_range(rec.cf, rec.start, rec.end)
+                continue
+            _delete_stale(instance, rec.cf, rec.start, rec.end, batch, versions)
+        elif rec.op == OP_CREATE_CF:
+            instance.column_family(rec.cf)
+        elif rec.op == OP_DROP_CF:
+            if rec.cf not in instance.column_family_names():
+                continue
+            held_later = any(u.checkpoint_id >= batch and rec.cf in u.column_families
+                             for u in units)
+            if not held_later:
+                instance.drop_column_family(rec.cf)
+            elif not is_global:
+                _delete_stale(instance, rec.cf, b"", _end(MAX_KEY_GROUP), batch, versions)
+            elif stale_global:
+                _clear_cf(instance, rec.cf)
+    return n
+
+
+MAX_KEY_GROUP = (1 << 15) - 1
+
+
+def _delete_stale(instance: RocksDBInstance, cf: str, start: bytes, end: bytes, batch: int,
+                  versions: dict[int, int]) -> None:
+    """``delete_range(start, end)`` on the key groups whose unit is older than ``batch``."""
+    if start >= end:
+        return
+    for kg in range(_kg_of(start), min(_kg_of(end), MAX_KEY_GROUP) + 1):
+        if versions.get(kg, -1) >= batch:
+            continue
+        lo, hi = max(start, _prefix(kg)), min(end, _end(kg))
+        if lo < hi:
+            instance.delete_range(cf, lo, hi)
+
+
+def _clear_cf(instance: RocksDBInstance, cf: str) -> None:
+    keys = [k for k, _v in instance.scan_range(cf, b"", None)]
+    if keys:
+        instance.write({cf: dict.fromkeys(keys)})
+
+
+def unit_files(manifest: PartitionManifest, unit: SliceRef) -> list[FileEntry]:
+    """The entries of ``unit``'s files in ``manifest`` (refused when one is missing)."""
+    have = manifest.slice_files
+    out = []
+    for name in unit.file_names():
+        f = have.get(name)
+        if f is None:
+            raise CorruptStateError(f"checkpoint {manifest.checkpoint_id} partition "
+                                    f"{manifest.partition} ({manifest.path}): slice file "
+                                    f"{name} of the unit of batch {unit.checkpoint_id} is not "
+                                    f"among its files; the committed state cannot be restored",
+                                    checkpoint_id=manifest.checkpoint_id,
+                                    partition=manifest.partition, path=manifest.path)
+        out.append(f)
+    return out
+
+
+def fetch_unit_paths(manifest: PartitionManifest, unit: SliceRef, directory: str
+                     ) -> list[tuple[FileEntry, str]]:
+    """``(entry, local path)`` for each of ``unit``'s files, under ``directory``."""
+    return [(f, os.path.join(directory, f"{unit.checkpoint_id}-{f.name}"))
+            for f in unit_files(manifest, unit)]
