@@ -67,7 +67,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleStateError
-from ..model.manifest import CompletedCheckpoint, PartitionManifest, check_component
+from ..model.manifest import (
+    CompletedCheckpoint,
+    PartitionManifest,
+    WriterStamp,
+    check_component,
+)
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from .completion import _Completion
@@ -169,6 +174,9 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         # the writer epoch this coordinator last acted under, and the run it acts for
         self._epoch: int | None = None
         self._epoch_run: str | None = None  # the run that holds self._epoch
+        self._stamp: WriterStamp | None = None  # and its stamp, written into records
+        self._for_owner = True  # acting for the owning run (its retention applies)
+        self._not_owner_logged: set[str] = set()
         if rebuild:
             with self._lock:
                 self._act_as_owner()  # the writer the records below were written under

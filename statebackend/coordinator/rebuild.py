@@ -71,6 +71,7 @@ class _Rebuild(_Owner):
                 # listing: its deletions are consistent, so read the records again
                 return self._rebuild_again()
             self._registry = SharedStateRegistry.rebuild(self.num_retained, cps, pins)
+            self._retain_for(self._for_owner)
             self._watermark = self._read_watermark()
             self._published.clear()
             self._digests.clear()

@@ -86,16 +86,61 @@ def completed_record_path(checkpoint_id: int) -> str:
 LATEST_PATH = f"{CHECKPOINTS_DIR}/LATEST.json"
 
 
-def latest_pointer(checkpoint_id: int) -> bytes:
-    return json.dumps({"checkpoint_id": checkpoint_id}).encode()
+@dataclass(frozen=True)
+class WriterStamp:
+    """Who published a record or ``LATEST.json``: the writer epoch, Spark's query id and
+    run id it acted under (statebackend.checkpoint.fencing). Fencing reads them as evidence
+    that does not depend on the ``_writers/`` files surviving."""
+
+    epoch: int
+    query_id: str | None = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class LatestPointer:
+    """``_checkpoints/LATEST.json``: the newest completed checkpoint and its writer (None:
+    written before writers were recorded, or without fencing)."""
+
+    checkpoint_id: int
+    writer: WriterStamp | None = None
+
+
+def latest_pointer(checkpoint_id: int, writer: WriterStamp | None = None) -> bytes:
+    d: dict[str, Any] = {"checkpoint_id": checkpoint_id}
+    if writer is not None:
+        d.update(writer_epoch=writer.epoch, writer_query=writer.query_id,
+                 writer_run=writer.run_id)
+    return json.dumps(d, sort_keys=True).encode()
+
+
+def parse_latest(raw: bytes) -> LatestPointer:
+    """``LATEST.json``'s content (the writer fields are optional: older versions wrote
+    the id alone)."""
+    try:
+        d = json.loads(raw)
+        n = int(d["checkpoint_id"])
+        if n < 0:
+            raise ValueError(f"checkpoint id {n} is negative")
+        writer = None
+        if d.get("writer_epoch") is not None:
+            writer = WriterStamp(int(d["writer_epoch"]), _opt_str(d.get("writer_query")),
+                                 _opt_str(d.get("writer_run")))
+        return LatestPointer(n, writer)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
+                                f"completed checkpoint. Delete it: the next start writes it "
+                                f"again from the newest record", path=LATEST_PATH) from exc
 
 
 def parse_latest_pointer(raw: bytes) -> int:
-    try:
-        return int(json.loads(raw)["checkpoint_id"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
-                                f"completed checkpoint", path=LATEST_PATH) from exc
+    return parse_latest(raw).checkpoint_id
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise TypeError(f"expected a string or null, found {v!r}")
+    return v
 
 
 def check_component(name: str) -> str:
@@ -393,6 +438,20 @@ class CompletedCheckpoint:
     # partition -> "<bytes>:crc32:<hex>" of the manifest chosen for it, as the coordinator
     # read it: a reader checks the manifest it gets against it (empty: not recorded)
     manifest_digests: Mapping[int, str] = field(default_factory=dict)
+    # the writer that completed it (statebackend.checkpoint.fencing): its epoch, query id
+    # and run id; None in records written without fencing or by older versions
+    writer_epoch: int | None = None
+    writer_query: str | None = None
+    writer_run: str | None = None
+    # the retention its writer applied: a coordinator acting for no run in particular
+    # (a planning, a manual call) never applies less to the owner's location
+    num_retained: int | None = None
+
+    @property
+    def writer(self) -> WriterStamp | None:
+        if self.writer_epoch is None:
+            return None
+        return WriterStamp(self.writer_epoch, self.writer_query, self.writer_run)
 
     def __post_init__(self) -> None:
         # the chosen manifests tile the key-group space: one per partition 0..P-1, each
@@ -454,6 +513,11 @@ class CompletedCheckpoint:
         d = asdict(self)
         d["manifests"] = {str(k): v for k, v in sorted(self.manifests.items())}
         d["manifest_digests"] = {str(k): v for k, v in sorted(self.manifest_digests.items())}
+        if self.writer_epoch is None:  # unfenced: the bytes older versions wrote
+            for k in ("writer_epoch", "writer_query", "writer_run"):
+                d.pop(k)
+        if self.num_retained is None:
+            d.pop("num_retained")
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -463,6 +527,11 @@ class CompletedCheckpoint:
             _check_format(d, "completed-checkpoint record", where)
             d["manifests"] = {int(k): check_relative(v) for k, v in d["manifests"].items()}
             d["manifest_digests"] = {int(k): str(v) for k, v in d["manifest_digests"].items()}
+            for k in ("writer_epoch", "num_retained"):
+                if d.get(k) is not None:
+                    d[k] = int(d[k])
+            for k in ("writer_query", "writer_run"):
+                d[k] = _opt_str(d.get(k))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
             raise
