@@ -39,11 +39,14 @@ from typing import Any
 from .errors import CheckpointNotFoundError, CorruptStateError, StateBackendError, StorageError
 from .model.manifest import (
     CHECKPOINTS_DIR,
+    LATEST_PATH,
     CompletedCheckpoint,
     FileEntry,
     PartitionManifest,
     changelog_id,
+    checkpoint_dir,
     completed_record_path,
+    parse_latest,
 )
 from .progress import ProgressFn
 from .storage.base import DurableStore
@@ -59,13 +62,14 @@ _RECORD = re.compile(r"^chk-(\d+)\.json$")
 class Problem:
     """One thing ``verify`` found wrong."""
 
-    checkpoint_id: int
+    checkpoint_id: int | None  # None: the location as a whole (writers, LATEST.json)
     partition: int | None
     path: str  # relative to the operator root
     what: str  # missing | size ... | checksum ... | manifest ... | rocksdb ... | changelog ...
 
     def __str__(self) -> str:
-        where = f"checkpoint {self.checkpoint_id}" + (
+        where = ("location" if self.checkpoint_id is None
+                 else f"checkpoint {self.checkpoint_id}") + (
             f" partition {self.partition}" if self.partition is not None else "")
         return f"{where}: {self.path}: {self.what}"
 
@@ -298,6 +302,45 @@ def read_records(store: DurableStore, op: str,
     return dict(sorted(out.items()))
 
 
+def location_problems(store: DurableStore, op: str,
+                      records: dict[int, CompletedCheckpoint],
+                      broken: dict[int, Problem]) -> list[Problem]:
+    """What a restore or a restart checks beyond each checkpoint: ``LATEST.json`` against
+    the records (a newest record gone is a rollback a reader refuses, a pointer that does
+    not parse is refused too), and ``_writers/`` against the records' writer epochs."""
+    from .checkpoint.fencing import writer_gaps
+
+    out = []
+    newest = max([*records, *broken], default=None)
+    try:
+        ptr = parse_latest(store.get_bytes(f"{op}/{LATEST_PATH}"))
+    except FileNotFoundError:
+        ptr = None
+        if newest is not None and records and records[max(records)].writer is not None:
+            # records written with fencing always come with the pointer
+            out.append(Problem(None, None, LATEST_PATH,
+                               f"missing, while records up to checkpoint {newest} exist; "
+                               f"the next start writes it again"))
+    except CorruptStateError as exc:
+        ptr = None
+        out.append(Problem(None, None, LATEST_PATH, f"unreadable ({exc})"))
+    if ptr is not None and ptr.checkpoint_id > (-1 if newest is None else newest):
+        rel = completed_record_path(ptr.checkpoint_id)
+        published = bool(store.list_dir(f"{op}/{checkpoint_dir(ptr.checkpoint_id)}"))
+        why = (f"the record of checkpoint {ptr.checkpoint_id}, the newest completed one "
+               f"({LATEST_PATH} says so), is missing")
+        why += (" while its published files remain: a rollback, which readers and restores "
+                "refuse; the next start completes it again from them"
+                if published else
+                "; nothing of that checkpoint is left either: a damaged pointer, or a "
+                "checkpoint lost with its files. Readers refuse it; to go on from checkpoint "
+                f"{newest}, delete {LATEST_PATH} (the next start writes it again)")
+        out.append(Problem(ptr.checkpoint_id, None, rel, why))
+    for path, what in writer_gaps(store, f"{op}/"):
+        out.append(Problem(None, None, path, what))
+    return out
+
+
 def load_checkpoint(ctx: VerifyContext, record: CompletedCheckpoint) -> LoadedCheckpoint:
     """The record with the manifests it names (in parallel; one by one only to tell which
     manifest is bad)."""
@@ -341,11 +384,14 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
     """
     broken: dict[int, Problem] = {}
     records = read_records(store, op, broken)
-    if not records and not broken:
+    problems: list[Problem] = []
+    if checkpoint_ids is None:
+        problems += location_problems(store, op, records, broken)
+    if not records and not broken and not problems:
         raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
                                       f"{store.root}")
     ids = sorted({*records, *broken}) if checkpoint_ids is None else list(checkpoint_ids)
-    problems: list[Problem] = [broken[n] for n in ids if n in broken]
+    problems += [broken[n] for n in ids if n in broken]
     ids = [n for n in ids if n not in broken]
     for n in ids:
         if n not in records:

@@ -64,6 +64,7 @@ from ..model.manifest import (
     CHECKPOINTS_DIR,
     LATEST_PATH,
     CompletedCheckpoint,
+    LatestPointer,
     PartitionManifest,
     WriterStamp,
     parse_latest,
@@ -74,7 +75,8 @@ from ..storage.records import records_in
 
 __all__ = ["WRITERS_DIR", "Evidence", "Owner", "WriterEpoch", "check_owner", "check_publisher",
            "claim", "epoch_path", "fenced_error", "held_before", "latest_writer",
-           "list_epochs", "read_epoch", "read_evidence", "resolve_owner", "writer_gaps"]
+           "list_epochs", "read_epoch", "read_evidence", "resolve_owner", "writer_gaps",
+           "writer_history"]
 
 WRITERS_DIR = "_writers"
 _NAME = re.compile(r"^epoch-(\d{12})\.json$")
@@ -223,10 +225,12 @@ def read_evidence(store: DurableStore, prefix: str = "") -> Evidence:
     one listing and the retained records read in parallel). A damaged file is passed over
     here: it is evidence of nothing, and ``verify`` and the readers report it."""
     stamps: list[WriterStamp] = []
+    runs: dict[str, int] = {}
     try:
         ptr = parse_latest(store.get_bytes(prefix + LATEST_PATH))
         if ptr.writer is not None:
             stamps.append(ptr.writer)
+        runs.update(ptr.runs)
     except (FileNotFoundError, CorruptStateError):
         pass
     rels = sorted(records_in(p[len(prefix):]
@@ -240,7 +244,6 @@ def read_evidence(store: DurableStore, prefix: str = "") -> Evidence:
             continue
         if w is not None:
             stamps.append(w)
-    runs: dict[str, int] = {}
     for w in stamps:
         if w.run_id is not None:
             runs[w.run_id] = max(runs.get(w.run_id, 0), w.epoch)
@@ -285,6 +288,31 @@ def resolve_owner(store: DurableStore, prefix: str = "") -> Owner:
     if ev.newest is not None and (writer is None or ev.newest.epoch > writer.epoch):
         writer = WriterEpoch.from_stamp(ev.newest)
     return Owner(writer, epochs, ev)
+
+
+# how many runs LATEST.json remembers (restarts are rare; a fenced run of long ago whose
+# files and records are all gone has nothing left to publish from)
+HISTORY_RUNS = 64
+
+
+def writer_history(store: DurableStore, owner: Owner, prefix: str = "") -> dict[str, int]:
+    """Run id -> the highest epoch it held, from the last :data:`HISTORY_RUNS` epoch files
+    and the evidence (read in parallel), for ``LATEST.json`` to carry."""
+    out = dict(owner.evidence.runs)
+    ks = owner.epochs[-HISTORY_RUNS:]
+    for k, raw in zip(ks, store.get_bytes_many([prefix + epoch_path(k) for k in ks])
+                      if ks else []):
+        if raw is None:
+            continue
+        try:
+            w = WriterEpoch.from_json(raw, epoch_path(k))
+        except CorruptStateError:
+            continue
+        out[w.run_id] = max(out.get(w.run_id, 0), w.epoch)
+    if owner.writer is not None and owner.writer.run_id != "?":
+        out[owner.writer.run_id] = max(out.get(owner.writer.run_id, 0), owner.writer.epoch)
+    newest = sorted(out.items(), key=lambda kv: kv[1])[-HISTORY_RUNS:]
+    return dict(newest)
 
 
 def _foreign(owner: WriterEpoch | None, query_id: str | None) -> bool:
@@ -380,11 +408,17 @@ def fenced_error(where: str, mine: int, newer: WriterEpoch) -> WriterFencedError
         newer=newer)
 
 
-def check_owner(store: DurableStore, epoch: int, prefix: str = "") -> None:
+def check_owner(store: DurableStore, epoch: int, prefix: str = "") -> LatestPointer | None:
     """Prove that the writer of ``epoch`` still owns the location: no newer epoch file
     (one listing of ``_writers/``, so a missing middle epoch file does not hide a newer
     one) and no newer epoch in ``LATEST.json`` (one read: a newer writer whose epoch file
     is gone).
+
+    Returns
+    -------
+    LatestPointer or None
+        ``LATEST.json`` as read (None: absent or unreadable), for a caller that also
+        wants to know whether another coordinator completed a checkpoint meanwhile.
 
     Raises
     ------
@@ -400,9 +434,10 @@ def check_owner(store: DurableStore, epoch: int, prefix: str = "") -> None:
     try:
         ptr = parse_latest(store.get_bytes(prefix + LATEST_PATH))
     except (FileNotFoundError, CorruptStateError):
-        return  # no evidence there (a damaged pointer is reported by its readers)
+        return None  # no evidence there (a damaged pointer is reported by its readers)
     if ptr.writer is not None and ptr.writer.epoch > epoch:
         raise fenced_error(where, epoch, WriterEpoch.from_stamp(ptr.writer))
+    return ptr
 
 
 def writer_gaps(store: DurableStore, prefix: str = "") -> list[tuple[str, str]]:

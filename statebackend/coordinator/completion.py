@@ -131,8 +131,8 @@ class _Completion(_Owner):
         # a crash from here on is finished by rebuild() from this record.
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
-        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(checkpoint_id,
-                                                                         record.writer))
+        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
+            checkpoint_id, record.writer, self._history if record.writer else None))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
             for rel in self._published.pop(n):

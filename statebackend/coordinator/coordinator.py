@@ -175,6 +175,10 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._epoch: int | None = None
         self._epoch_run: str | None = None  # the run that holds self._epoch
         self._stamp: WriterStamp | None = None  # and its stamp, written into records
+        # retained checkpoints found damaged by the last rebuild: id -> the error
+        self._damaged: dict[int, CorruptStateError] = {}
+        self._damage_logged: frozenset = frozenset()
+        self._history: dict[str, int] = {}  # runs that held epochs, for LATEST.json
         self._for_owner = True  # acting for the owning run (its retention applies)
         self._not_owner_logged: set[str] = set()
         if rebuild:
@@ -188,6 +192,13 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         with self._lock:
             n = self._registry.latest_id
             return None if n is None else self._registry.checkpoints[n].record
+
+    @property
+    def damaged(self) -> dict[int, CorruptStateError]:
+        """Retained checkpoints found damaged (id -> what is wrong), skipped until repaired:
+        restoring one fails, garbage collection deletes nothing meanwhile."""
+        with self._lock:
+            return dict(self._damaged)
 
     def list_completed(self) -> list[CheckpointInfo]:
         """The retained checkpoints (restore points), oldest first, with sizes and times."""

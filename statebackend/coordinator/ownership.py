@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..checkpoint.fencing import check_owner, fenced_error, resolve_owner
-from ..errors import WriterFencedError
+from ..checkpoint.fencing import check_owner, fenced_error, resolve_owner, writer_history
+from ..errors import CorruptStateError, WriterFencedError
 from ..model.manifest import PartitionManifest, WriterStamp
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
@@ -47,6 +47,9 @@ class _Owner:
     _epoch: int | None
     _epoch_run: str | None
     _stamp: WriterStamp | None
+    _history: dict[str, int]
+    _damaged: dict[int, CorruptStateError]
+    _damage_logged: frozenset
     _for_owner: bool
     _not_owner_logged: set[str]
 
@@ -107,10 +110,13 @@ class _Owner:
         prefix = f"{self.operator_id}/"
         if self._epoch is not None and run_id in (None, self._epoch_run):
             try:
-                check_owner(self.store, self._epoch, prefix)
+                ptr = check_owner(self.store, self._epoch, prefix)
             except WriterFencedError:
                 pass
             else:
+                if ptr is not None and ptr.checkpoint_id > self._known_latest():
+                    self._reread("another coordinator completed checkpoint "
+                                 f"{ptr.checkpoint_id}")
                 self._retain_for(run_id is not None or not self._epoch)
                 return True
         owner = resolve_owner(self.store, prefix)
@@ -131,12 +137,22 @@ class _Owner:
             return False
         moved = self._epoch is not None and latest.epoch != self._epoch
         self._epoch, self._epoch_run, self._stamp = latest.epoch, latest.run_id, latest.stamp
+        self._history = writer_history(self.store, owner, prefix)
         if moved:
-            log.info("operator %s: %s took the location over; reading the completed "
-                     "checkpoints again", self.operator_id, latest.describe())
-            self.rebuild(collect=False)
+            self._reread(f"{latest.describe()} took the location over")
         self._retain_for(run_id is not None)
         return True
+
+    def _known_latest(self) -> int:
+        latest = self._registry.latest_id
+        return -1 if latest is None else latest
+
+    def _reread(self, why: str) -> None:
+        """The records changed behind this coordinator's back: its registry is stale, and
+        retention or a sweep on it could delete what a newer record names."""
+        log.info("operator %s: %s; reading the completed checkpoints again",
+                 self.operator_id, why)
+        self.rebuild(collect=False)
 
     def _retain_for(self, owner_run: bool) -> None:
         """Retention applies this coordinator's ``num_retained`` when it acts for the

@@ -104,13 +104,19 @@ class LatestPointer:
 
     checkpoint_id: int
     writer: WriterStamp | None = None
+    # run id -> the highest epoch it held, for the latest runs: a fenced run stays known
+    # as fenced when the _writers/ files and its records are gone
+    runs: Mapping[str, int] = field(default_factory=dict)
 
 
-def latest_pointer(checkpoint_id: int, writer: WriterStamp | None = None) -> bytes:
+def latest_pointer(checkpoint_id: int, writer: WriterStamp | None = None,
+                   runs: Mapping[str, int] | None = None) -> bytes:
     d: dict[str, Any] = {"checkpoint_id": checkpoint_id}
     if writer is not None:
         d.update(writer_epoch=writer.epoch, writer_query=writer.query_id,
                  writer_run=writer.run_id)
+    if runs:
+        d["writer_runs"] = dict(sorted(runs.items()))
     return json.dumps(d, sort_keys=True).encode()
 
 
@@ -126,7 +132,8 @@ def parse_latest(raw: bytes) -> LatestPointer:
         if d.get("writer_epoch") is not None:
             writer = WriterStamp(int(d["writer_epoch"]), _opt_str(d.get("writer_query")),
                                  _opt_str(d.get("writer_run")))
-        return LatestPointer(n, writer)
+        runs = {str(k): int(v) for k, v in (d.get("writer_runs") or {}).items()}
+        return LatestPointer(n, writer, runs)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
                                 f"completed checkpoint. Delete it: the next start writes it "

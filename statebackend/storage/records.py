@@ -16,6 +16,7 @@ from ..model.manifest import (
     completed_record_path,
     parse_latest_pointer,
 )
+from ..redact import redact_text
 from .base import DurableStore
 from .manifests import operator_store, read_completed_record
 
@@ -89,13 +90,29 @@ def read_latest_pointer(store: DurableStore, prefix: str) -> int | None:
         return None
 
 
-def missing_latest(checkpoint_id: int, where: str) -> CorruptStateError:
+def missing_latest(checkpoint_id: int, where: str, *,
+                   published: bool | None = None) -> CorruptStateError:
+    """The error of a newest record gone (``published``: whether the checkpoint's files
+    were found, None: not looked)."""
     rel = completed_record_path(checkpoint_id)
+    if published is False:
+        how = (f"Nothing of checkpoint {checkpoint_id} is left to complete it from. Restore "
+               f"the record from a backup, or, to go on from the newest record left and "
+               f"lose the state after it, delete {LATEST_PATH}")
+    elif published:
+        how = (f"Its published manifests are incomplete or damaged. Restore the record (or "
+               f"the checkpoint's files) from a backup, or, to go on from the newest record "
+               f"left and lose the state after it, delete {LATEST_PATH}")
+    else:
+        how = (f"Restore the record from a backup; the query's next start completes it "
+               f"again from the checkpoint's manifests when they are all there. To go on "
+               f"from the newest record left and lose the state after it, delete "
+               f"{LATEST_PATH}")
     return CorruptStateError(
         f"{rel}: the record of checkpoint {checkpoint_id}, the newest completed one "
-        f"({LATEST_PATH} says so), is missing under {where}; older records would serve an "
-        f"older state. Restore the record from a backup, or let the query's next start "
-        f"rebuild it from the checkpoint's manifests", checkpoint_id=checkpoint_id, path=rel)
+        f"({LATEST_PATH} says so), is missing under {redact_text(where)}; older records "
+        f"would serve an older state (a rollback). {how}", checkpoint_id=checkpoint_id,
+        path=rel)
 
 
 def require_completed_record(store: DurableStore, operator_id: str,
