@@ -51,6 +51,7 @@ from .model.manifest import (
 from .progress import ProgressFn
 from .storage.base import DurableStore
 from .storage.checksum import crc32_stream
+from .storage.records import METRICS_DIR, newest_metrics
 
 __all__ = ["CHECKS", "DEEP_CHECKS", "Check", "LoadedCheckpoint", "Problem", "VerifyContext",
            "load_checkpoint", "read_records", "verify_checkpoints"]
@@ -168,7 +169,7 @@ def files_intact(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
 
 def rocksdb_file_set(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
     """The partition manifest's SSTs are exactly those RocksDB's MANIFEST lists."""
-    from .rocksdb.version_edits import live_sst_numbers, sst_name
+    from .rocksdb.version_edits import live_sst_sizes, sst_name
 
     for p, m in sorted(c.manifests.items()):
         files = {f.name: f for f in m.db_files}
@@ -197,20 +198,26 @@ def rocksdb_file_set(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Proble
         if ctx.file_problems([rocks])[rocks.path] is not None:
             continue
         try:
-            live = {sst_name(x) for x in live_sst_numbers(ctx.read(rocks.path))}
+            live = {sst_name(x): size for x, size in live_sst_sizes(ctx.read(rocks.path)).items()}
         except (ValueError, OSError, StorageError) as exc:
             yield Problem(n, p, rocks.path, f"rocksdb: cannot list the SST files of "
                                             f"{manifest_name} ({exc}); 'verify --deep' "
                                             f"opens the snapshot instead")
             continue
         listed = {name for name in files if name.endswith(".sst")}
-        for name in sorted(live - listed):
+        for name in sorted(live.keys() - listed):
             yield Problem(n, p, m.path, f"rocksdb: {manifest_name} needs {name}, which the "
                                         f"manifest does not list (RocksDB will not open)")
-        for name in sorted(listed - live):
+        for name in sorted(listed - live.keys()):
             yield Problem(n, p, files[name].path, f"rocksdb: listed but not part of "
                                                   f"{manifest_name} (a manifest of another "
                                                   f"snapshot?)")
+        for name in sorted(listed & live.keys()):
+            if files[name].size != live[name]:
+                # RocksDB refuses to open a snapshot whose file has another size
+                yield Problem(n, p, files[name].path, f"rocksdb: {manifest_name} records "
+                              f"{live[name]} bytes for {name}, the manifest lists "
+                              f"{files[name].size} (another snapshot's or partition's file)")
 
 
 def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
@@ -219,6 +226,10 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
     for p, m in sorted(c.manifests.items()):
         if m.mode != "changelog":
             continue
+        for f in m.foreign_changelogs():
+            yield Problem(c.checkpoint_id, p, f.path,
+                          f"changelog: written by another partition than {p} (a changelog "
+                          f"is replayed only onto its own partition's state)")
         covered = m.materialized_id
         for f in m.changelog_files:
             got = changelog_id(f.name)
@@ -324,18 +335,25 @@ def location_problems(store: DurableStore, op: str,
     except CorruptStateError as exc:
         ptr = None
         out.append(Problem(None, None, LATEST_PATH, f"unreadable ({exc})"))
-    if ptr is not None and ptr.checkpoint_id > (-1 if newest is None else newest):
-        rel = completed_record_path(ptr.checkpoint_id)
-        published = bool(store.list_dir(f"{op}/{checkpoint_dir(ptr.checkpoint_id)}"))
-        why = (f"the record of checkpoint {ptr.checkpoint_id}, the newest completed one "
-               f"({LATEST_PATH} says so), is missing")
-        why += (" while its published files remain: a rollback, which readers and restores "
-                "refuse; the next start completes it again from them"
-                if published else
-                "; nothing of that checkpoint is left either: a damaged pointer, or a "
-                "checkpoint lost with its files. Readers refuse it; to go on from checkpoint "
-                f"{newest}, delete {LATEST_PATH} (the next start writes it again)")
-        out.append(Problem(ptr.checkpoint_id, None, rel, why))
+    done, evidence = (ptr.checkpoint_id if ptr else None), f"{LATEST_PATH} says so"
+    metrics = newest_metrics(store, f"{op}/")
+    if metrics is not None and (done is None or metrics > done):
+        done, evidence = metrics, f"its metrics {METRICS_DIR}/chk-{metrics}.jsonl were written"
+    if done is not None and done > (-1 if newest is None else newest):
+        rel = completed_record_path(done)
+        published = bool(store.list_dir(f"{op}/{checkpoint_dir(done)}"))
+        why = (f"the record of checkpoint {done}, the newest completed one ({evidence}), is "
+               f"missing")
+        if published:
+            why += (": a rollback, which readers refuse; the next start completes it again "
+                    "from its published manifests if they are all intact")
+        elif evidence.startswith(LATEST_PATH):
+            why += (", and nothing of that checkpoint is stored: a damaged pointer, which "
+                    "readers refuse; the next start writes it again from the newest record")
+        else:
+            why += (" with all its files: the state after checkpoint "
+                    f"{newest} is lost; readers and the next start refuse it")
+        out.append(Problem(done, None, rel, why))
     for path, what in writer_gaps(store, f"{op}/"):
         out.append(Problem(None, None, path, what))
     return out

@@ -125,7 +125,15 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         (:meth:`try_complete`'s ``run_id``, which the listener passes) whose run was
         fenced raises :class:`~statebackend.errors.WriterFencedError`; one for no run in
         particular (planning, a manual ``complete()``) follows the newest writer,
-        rebuilding its registry first when that changed.
+        rebuilding its registry first when that changed. A run that never held an epoch
+        (its tasks were refused: another query owns the location) completes, retains and
+        deletes nothing.
+    own_retention : bool
+        Apply ``num_retained`` also when acting for no run in particular (an operator's
+        explicit ``statebackend gc --num-retained``). By default such a coordinator (a
+        restart's planning, possibly another query's) never keeps fewer checkpoints than
+        the owner's newest record says its writer keeps; the owner's own completions
+        apply ``num_retained``.
 
     Notes
     -----
@@ -137,7 +145,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
     def __init__(self, store: DurableStore, operator_id: str, parallelism: int,
                  max_parallelism: int, num_retained: int = 3, *, background_gc: bool = False,
                  clock: Callable[[], float] = time.time, rebuild: bool = True,
-                 fencing: bool = True) -> None:
+                 fencing: bool = True, own_retention: bool = False) -> None:
         if parallelism < 1 or max_parallelism < parallelism:
             raise IncompatibleStateError(
                 f"need 1 <= parallelism <= max_parallelism, got parallelism={parallelism}, "
@@ -167,6 +175,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._gc_future: Future[GcReport] | None = None
         self._gc_again = False
         self.fencing = fencing
+        self.own_retention = own_retention
         # the carrier plan's carry-over of partitions that ran no task in a committed
         # micro-batch, ``carry(coordinator, checkpoint_id) -> partitions carried``
         # (statebackend.restore.carry.carry_on_driver); set by the backend

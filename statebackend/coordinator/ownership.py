@@ -33,6 +33,7 @@ class _Owner:
     max_parallelism: int
     num_retained: int
     fencing: bool
+    own_retention: bool
     last_completion_requests: RequestCounts | None
     _clock: Callable[[], float]
     _lock: threading.RLock
@@ -162,7 +163,7 @@ class _Owner:
         self._for_owner = owner_run
         want = self.num_retained
         latest = self._registry.latest_id
-        if not owner_run and latest is not None:
+        if not owner_run and not self.own_retention and latest is not None:
             recorded = self._registry.checkpoints[latest].record.num_retained
             want = max(want, recorded or 0)
         if want != self._registry.num_retained:

@@ -18,7 +18,13 @@ from ..model.manifest import (
     completed_record_path,
     latest_pointer,
 )
-from ..storage.records import missing_latest, read_latest_pointer, records_in
+from ..storage.records import (
+    METRICS_DIR,
+    missing_latest,
+    newest_completed,
+    newest_metrics,
+    records_in,
+)
 from .ownership import _Owner, log
 from .records import _PIN_NAME, PINS_DIR, WATERMARK_PATH
 from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
@@ -134,8 +140,13 @@ class _Rebuild(_Owner):
         warning (degraded, not stuck; ``verify`` reports it until then)."""
         latest = self._registry.latest_id
         try:
-            newest = read_latest_pointer(self.store, f"{self.operator_id}/")
+            newest, evidence = newest_completed(self.store, f"{self.operator_id}/")
         except CorruptStateError as exc:
+            done = newest_metrics(self.store, f"{self.operator_id}/")
+            if done is not None and done > (-1 if latest is None else latest):
+                raise missing_latest(done, f"{self.store.root}/{self.operator_id}",
+                                     evidence=f"its metrics {METRICS_DIR}/chk-{done}.jsonl "
+                                              f"were written") from exc
             log.warning("operator %s: %s; writing it again from the newest record (%s)",
                         self.operator_id, exc, latest)
             self._rewrite_pointer()
@@ -146,7 +157,7 @@ class _Rebuild(_Owner):
             # written by another coordinator after our listing: read at the next rebuild
             return
         published = bool(self._list(checkpoint_dir(newest)))
-        if not published:
+        if not published and evidence.startswith(LATEST_PATH):
             log.warning("operator %s: %s names checkpoint %d, of which nothing is stored; "
                         "the pointer is damaged (or that checkpoint was lost with all its "
                         "files). Going on from checkpoint %s and writing the pointer again",
@@ -156,9 +167,9 @@ class _Rebuild(_Owner):
         log.warning("operator %s: the record of checkpoint %d, the newest completed one, is "
                     "missing; completing it again from its manifests", self.operator_id,
                     newest)
-        if self._complete_locked(newest, committed=False) is None:
+        if not published or self._complete_locked(newest, committed=False) is None:
             raise missing_latest(newest, f"{self.store.root}/{self.operator_id}",
-                                 published=True)
+                                 published=published, evidence=evidence)
 
     def _rewrite_pointer(self) -> None:
         latest = self._registry.latest_id

@@ -379,6 +379,14 @@ class PartitionManifest:
             return self.materialization
         return MaterializationRef(self.checkpoint_id, self.attempt)
 
+    def foreign_changelogs(self) -> tuple[FileEntry, ...]:
+        """Changelogs not uploaded under this partition's directories (``chk-<n>/p<p>/``):
+        never legitimate, since a changelog is replayed only onto the state of the
+        partition that wrote it (a rescale materializes first)."""
+        own = f"p{self.partition}"
+        return tuple(f for f in self.changelog_files
+                     if f.path.split("/")[1:2] != [own] or not f.path.startswith("chk-"))
+
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""
         return {f.name: f for f in self.db_files if f.shared}

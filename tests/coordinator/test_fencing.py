@@ -379,3 +379,18 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
     a.task(4, rows(4))
     assert a.complete(4) is not None
     assert state_of(store, tmp_path, 4) == {k: v for n in range(5) for k, v in rows(n).items()}
+
+
+def test_credentials_in_the_location_are_redacted_in_refusals(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.chdir(tmp_path)  # file://user:pw@/... roots resolve under the working dir
+    for url in ("memory://user:s3cr3t@host/loc", "file://user:s3cr3t@/loc"):
+        ostore = open_store(f"{url}-{uuid.uuid4().hex[:6]}").child(OP)
+        claim(ostore, QUERY, "run-a")
+        claim(ostore, QUERY, "run-b")
+        for fn, args in ((claim, ("query-2", "run-x")), (claim, (QUERY, "run-a")),
+                         (check_owner, (1,))):
+            with pytest.raises((StateLocationInUseError, WriterFencedError)) as exc:
+                fn(ostore, *args)
+            assert "s3cr3t" not in str(exc.value) and "user:***@" in str(exc.value)
