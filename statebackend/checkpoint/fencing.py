@@ -367,12 +367,7 @@ def claim(ostore: DurableStore, query_id: str | None, run_id: str, *,
             if held is not None:
                 raise fenced_error(ostore.root, held, latest)
             if _foreign(latest, query_id):
-                raise StateLocationInUseError(
-                    f"state location {_safe(ostore.root)} belongs to another streaming "
-                    f"query: {latest.describe()}; this is query {query_id}. Nothing was "
-                    f"written. Give this query its own checkpoint_location or operator_id; "
-                    f"to move the state to it, stop the owner, take a savepoint and start "
-                    f"this query from it (from_savepoint=) on a new location.", owner=latest)
+                raise _in_use(ostore.root, latest, query_id)
         mine = _new_epoch(owner.top + 1, query_id, run_id, clock)
         if ostore.create_exclusive(mine.path, mine.to_json()):
             return mine
@@ -385,6 +380,15 @@ def claim(ostore: DurableStore, query_id: str | None, run_id: str, *,
         f"state location {_safe(ostore.root)}: could not take a writer epoch in "
         f"{_CLAIM_TRIES} tries, other writers keep taking them; is a restart loop running "
         f"elsewhere?")
+
+
+def _in_use(root: str, owner: WriterEpoch, query_id: str | None) -> StateLocationInUseError:
+    return StateLocationInUseError(
+        f"state location {_safe(root)} belongs to another streaming query: "
+        f"{owner.describe()}; this is query {query_id}. Nothing was written. Give this query "
+        f"its own checkpoint_location or operator_id; to move the state to it, stop the "
+        f"owner, take a savepoint and start this query from it (from_savepoint=) on a new "
+        f"location.", owner=owner)
 
 
 def _new_epoch(epoch: int, query_id: str | None, run_id: str,

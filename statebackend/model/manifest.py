@@ -32,6 +32,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import CorruptStateError, FormatVersionError, UnsafePathError
+from .latest import (  # noqa: F401 - re-exported: the pointer lives beside the records
+    LATEST_PATH,
+    LatestPointer,
+    WriterStamp,
+    _opt_str,
+    latest_pointer,
+    parse_latest,
+    parse_latest_pointer,
+)
 
 # Format of manifests and completed-checkpoint records. 2: the readers stopped accepting the
 # pre-release layouts that format 1 files may hold (records without manifest digests, state
@@ -79,75 +88,6 @@ def materialized_path(checkpoint_id: int, partition: int, attempt: str) -> str:
 
 def completed_record_path(checkpoint_id: int) -> str:
     return f"{CHECKPOINTS_DIR}/{checkpoint_dir(checkpoint_id)}.json"
-
-
-# The id of the newest completed checkpoint, written after its record: a record deleted
-# or lost afterwards is then missing, not silently replaced by the one before it.
-LATEST_PATH = f"{CHECKPOINTS_DIR}/LATEST.json"
-
-
-@dataclass(frozen=True)
-class WriterStamp:
-    """Who published a record or ``LATEST.json``: the writer epoch, Spark's query id and
-    run id it acted under (statebackend.checkpoint.fencing). Fencing reads them as evidence
-    that does not depend on the ``_writers/`` files surviving."""
-
-    epoch: int
-    query_id: str | None = None
-    run_id: str | None = None
-
-
-@dataclass(frozen=True)
-class LatestPointer:
-    """``_checkpoints/LATEST.json``: the newest completed checkpoint and its writer (None:
-    written before writers were recorded, or without fencing)."""
-
-    checkpoint_id: int
-    writer: WriterStamp | None = None
-    # run id -> the highest epoch it held, for the latest runs: a fenced run stays known
-    # as fenced when the _writers/ files and its records are gone
-    runs: Mapping[str, int] = field(default_factory=dict)
-
-
-def latest_pointer(checkpoint_id: int, writer: WriterStamp | None = None,
-                   runs: Mapping[str, int] | None = None) -> bytes:
-    d: dict[str, Any] = {"checkpoint_id": checkpoint_id}
-    if writer is not None:
-        d.update(writer_epoch=writer.epoch, writer_query=writer.query_id,
-                 writer_run=writer.run_id)
-    if runs:
-        d["writer_runs"] = dict(sorted(runs.items()))
-    return json.dumps(d, sort_keys=True).encode()
-
-
-def parse_latest(raw: bytes) -> LatestPointer:
-    """``LATEST.json``'s content (the writer fields are optional: older versions wrote
-    the id alone)."""
-    try:
-        d = json.loads(raw)
-        n = int(d["checkpoint_id"])
-        if n < 0:
-            raise ValueError(f"checkpoint id {n} is negative")
-        writer = None
-        if d.get("writer_epoch") is not None:
-            writer = WriterStamp(int(d["writer_epoch"]), _opt_str(d.get("writer_query")),
-                                 _opt_str(d.get("writer_run")))
-        runs = {str(k): int(v) for k, v in (d.get("writer_runs") or {}).items()}
-        return LatestPointer(n, writer, runs)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
-                                f"completed checkpoint. Delete it: the next start writes it "
-                                f"again from the newest record", path=LATEST_PATH) from exc
-
-
-def parse_latest_pointer(raw: bytes) -> int:
-    return parse_latest(raw).checkpoint_id
-
-
-def _opt_str(v: Any) -> str | None:
-    if v is not None and not isinstance(v, str):
-        raise TypeError(f"expected a string or null, found {v!r}")
-    return v
 
 
 def check_component(name: str) -> str:
@@ -380,12 +320,31 @@ class PartitionManifest:
         return MaterializationRef(self.checkpoint_id, self.attempt)
 
     def foreign_changelogs(self) -> tuple[FileEntry, ...]:
-        """Changelogs not uploaded under this partition's directories (``chk-<n>/p<p>/``):
-        never legitimate, since a changelog is replayed only onto the state of the
-        partition that wrote it (a rescale materializes first)."""
+        """Changelogs that cannot belong to this partition's lineage.
+
+        A changelog is replayed onto the state of the partition that wrote it. After a
+        rescale a partition's lineage starts in the base partition's directories (its
+        snapshot and changelogs, clipped by the first changelog written here), so the
+        directories of the snapshot and of the changelogs, in order, are other partitions'
+        first and this partition's (``chk-<n>/p<p>/``) after: a changelog of another
+        partition after one of this partition's, or onto this partition's own snapshot,
+        is another partition's state (a manifest edited to list it).
+        """
         own = f"p{self.partition}"
-        return tuple(f for f in self.changelog_files
-                     if f.path.split("/")[1:2] != [own] or not f.path.startswith("chk-"))
+
+        def part(f: FileEntry) -> str | None:
+            parts = f.path.split("/")
+            return parts[1] if len(parts) > 2 and parts[0].startswith("chk-") else None
+
+        seen_own = own in {part(f) for f in self.db_files}
+        bad = []
+        for f in self.changelog_files:
+            d = part(f)
+            if d == own:
+                seen_own = True
+            elif seen_own or d is None:
+                bad.append(f)
+        return tuple(bad)
 
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""

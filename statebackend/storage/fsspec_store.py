@@ -27,6 +27,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import (
     ChecksumMismatchError,
+    OptionsError,
     StorageError,
     TransientStorageError,
     UnsafePathError,
@@ -456,8 +457,11 @@ class FsspecStore(DurableStore):
                 found = self.fs.find(full)
             except FileNotFoundError:
                 return []
-            if not found and self._find_hides_errors:
-                self._probe_listing(full)
+            if not found and _find_hides_errors(self.fs):
+                try:  # raise what the empty answer hid; absent is a real empty answer
+                    self.fs.ls(full, detail=False)
+                except FileNotFoundError:
+                    return []
             out = []
             for f in found:
                 f = f if f.startswith("/") or not prefix.startswith("/") else "/" + f.lstrip("/")
@@ -472,24 +476,6 @@ class FsspecStore(DurableStore):
             return sorted(out)
 
         return self._retry(f"listing of {path}", once)
-
-    @property
-    def _find_hides_errors(self) -> bool:
-        """fsspec's HTTP ``find`` answers "nothing" when the server cannot be reached: an
-        unreachable store would look empty ("no completed checkpoint")."""
-        fs = self.fs
-        while hasattr(fs, "inner"):  # the request-counting wrapper
-            fs = fs.inner
-        protocol = fs.protocol
-        protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
-        return any(p in ("http", "https") for p in protocols)
-
-    def _probe_listing(self, full: str) -> None:
-        """Raise what an empty ``find`` hid (one ``ls``; absent is a real empty answer)."""
-        try:
-            self.fs.ls(full, detail=False)
-        except FileNotFoundError:
-            return
 
     # --- parallel helpers -------------------------------------------------------------
 
@@ -577,14 +563,18 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
         A picklable store; paths given to it are relative to ``url``.
     """
     if not isinstance(url, str) or not url.strip() or "\x00" in url:
-        from ..errors import OptionsError
-
-        raise OptionsError("url", None if not isinstance(url, str) else redact_url(url),
-                           f"a store needs a non-empty path or fsspec URL without NUL "
-                           f"characters, got {redact_url(url)!r}")
+        raise OptionsError("url", None, f"a store needs a non-empty path or fsspec URL "
+                                        f"without NUL characters, got {redact_url(url)!r}")
     return FsspecStore(url, upload_threads=upload_threads, download_threads=download_threads,
                        retries=retries, storage_options=storage_options, backoff_s=backoff_s,
                        fs=fs, part_size=part_size, read_threads=read_threads)
+
+
+def _find_hides_errors(fs: fsspec.AbstractFileSystem) -> bool:
+    """fsspec's HTTP ``find`` answers "nothing" when the server cannot be reached: an
+    unreachable store would look empty ("no completed checkpoint")."""
+    protocol = _base_fs(fs).protocol
+    return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
 def _base_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
