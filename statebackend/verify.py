@@ -337,7 +337,7 @@ def location_problems(store: DurableStore, op: str,
         out.append(Problem(None, None, LATEST_PATH, f"unreadable ({exc})"))
     done, evidence = (ptr.checkpoint_id if ptr else None), f"{LATEST_PATH} says so"
     metrics = newest_metrics(store, f"{op}/")
-    if metrics is not None and (done is None or metrics > done):
+    if metrics is not None and (done is None or metrics >= done):
         done, evidence = metrics, f"its metrics {METRICS_DIR}/chk-{metrics}.jsonl were written"
     if done is not None and done > (-1 if newest is None else newest):
         rel = completed_record_path(done)

@@ -110,7 +110,7 @@ def newest_completed(store: DurableStore, prefix: str) -> tuple[int | None, str]
     with the pointer rewritten to match is still found by its metrics)."""
     pointer = read_latest_pointer(store, prefix)
     metrics = newest_metrics(store, prefix)
-    if metrics is not None and (pointer is None or metrics > pointer):
+    if metrics is not None and (pointer is None or metrics >= pointer):  # the stronger
         return metrics, f"its metrics {METRICS_DIR}/chk-{metrics}.jsonl were written"
     return pointer, f"{LATEST_PATH} says so"
 

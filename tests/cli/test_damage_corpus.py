@@ -375,3 +375,46 @@ def test_verify_restore_and_restart_agree_on_each_damage(built, built_copy, tmp_
 @pytest.mark.parametrize("built", ["changelog"], indirect=True)
 def test_a_foreign_changelog_with_its_own_checksums_is_refused(built, built_copy, tmp_path):
     check_damage(built, built_copy, tmp_path, foreign_changelog_listed)
+
+
+# --- every remedy a message suggests works -----------------------------------------------
+
+
+def test_a_malformed_pointer_remedy_delete_it(built, built_copy, tmp_path):
+    undamaged = restore_all(built.url, str(tmp_path / "ref"))
+    latest_pointer_malformed(built_copy.url)
+    with pytest.raises(CorruptStateError, match="Delete it") as bad:
+        restore_all(built_copy.url, str(tmp_path / "try"))
+    assert bad.value.path == "_checkpoints/LATEST.json"
+    os.remove(os.path.join(built_copy.url, OP, "_checkpoints", "LATEST.json"))
+    assert restore_all(built_copy.url, str(tmp_path / "after")) == undamaged
+
+
+def test_a_checkpoint_lost_with_its_files_remedy_delete_the_newer_evidence(
+        built, built_copy, tmp_path):
+    """The newest record and everything of its checkpoint are gone, but its metrics say it
+    completed: readers and the next start refuse; the remedy the message names (delete
+    LATEST.json and the later metrics) goes on from the checkpoint before, as it says."""
+    import shutil
+
+    from statebackend.metrics_store import record_checkpoint
+
+    url = built_copy.url
+    n = latest(url)
+    store = open_store(url)
+    record_checkpoint(store, read_latest_record(store, OP), None, None)
+    os.remove(os.path.join(url, OP, "_checkpoints", f"chk-{n}.json"))
+    shutil.rmtree(os.path.join(url, OP, f"chk-{n}"))
+    for attempt in (lambda: restore_all(url, str(tmp_path / "try")),
+                    lambda: next_start(url)):
+        with pytest.raises(CorruptStateError, match="delete _checkpoints/LATEST.json") as bad:
+            attempt()
+        assert bad.value.path == f"_checkpoints/chk-{n}.json"
+        assert "_metrics/" in str(bad.value)
+    assert any(p["path"] == f"_checkpoints/chk-{n}.json" for p in verify_problems(url))
+    os.remove(os.path.join(url, OP, "_checkpoints", "LATEST.json"))
+    os.remove(os.path.join(url, OP, "_metrics", f"chk-{n}.jsonl"))
+    next_start(url)
+    assert read_latest_record(open_store(url), OP).checkpoint_id == n - 1
+    restore_all(url, str(tmp_path / "after"))  # restores, typed checks all pass
+    assert not [p for p in verify_problems(url) if not p["path"].startswith("_writers/")]
