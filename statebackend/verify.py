@@ -18,10 +18,15 @@ What the checks prove, in the order a restore depends on them:
 * ``files_intact``: every file a manifest references (also those reused from older
   checkpoints) exists with its recorded size and CRC32;
 * ``rocksdb_file_set``: the SST files RocksDB's own ``MANIFEST-<n>`` lists are exactly
-  those the partition manifest references, ``CURRENT`` names that MANIFEST, and the
+  those the partition manifest references, with the sizes it records for them, ``CURRENT`` names that MANIFEST, and the
   ``OPTIONS`` file is there (RocksDB refuses to open without them);
 * ``changelogs_continuous`` (changelog mode): the changelogs replay without a gap from the
-  materialization up to the checkpoint itself;
+  materialization up to the checkpoint itself, and none is another partition's
+  (:meth:`~statebackend.model.manifest.PartitionManifest.foreign_changelogs`);
+* for the location as a whole (:func:`location_problems`, when every checkpoint is
+  verified): ``_checkpoints/LATEST.json`` parses, and neither it nor the ``_metrics/``
+  files name a completed checkpoint newer than the newest record (a rollback, which
+  readers refuse); ``_writers/`` has a file for every epoch the records name;
 * ``opens`` (deep): each partition downloaded, opened by RocksDB, its changelogs replayed,
   and every entry read back, each key inside the partition's key-group range.
 """

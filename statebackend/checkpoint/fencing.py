@@ -4,8 +4,9 @@ Every run of a query that writes an operator's state holds an *epoch*: the file
 ``<operator root>/_writers/epoch-<k>.json`` it created with the store's atomic
 create-if-absent (:meth:`~statebackend.storage.base.DurableStore.create_exclusive`: a hard
 link locally, ``If-None-Match: *`` on S3). The owner of the location is the writer of the
-highest epoch. Epochs are taken in order, ``k + 1`` only after ``k`` exists, so "a newer
-writer exists" is one HEAD of the next epoch's file.
+highest epoch (in these files or in the state, below). Epochs are taken in order, above
+every epoch seen, so "a newer writer exists" is one listing of ``_writers/`` (and one read
+of ``LATEST.json``, for a newer writer whose file is gone).
 
 Who takes an epoch, and when
 ----------------------------
@@ -22,8 +23,9 @@ driver-made id for a batch DataFrame) claims it, before it restores anything:
   query's start, before anything is written; the owner runs on undisturbed.
 
 Every publication of a manifest, every completed-checkpoint record and every deletion then
-proves that its writer still owns the location (:func:`check_owner`, one HEAD): a fenced
-writer is refused within one micro-batch, before it publishes or deletes anything more.
+proves that its writer still owns the location (:func:`check_owner`, a listing and a
+read): a fenced writer is refused within one micro-batch, before it publishes or deletes
+anything more.
 
 Evidence in the state itself
 ----------------------------

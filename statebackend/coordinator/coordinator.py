@@ -120,8 +120,9 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         to inspect a half-done state).
     fencing : bool
         Complete, retain and delete only as the owner of the location
-        (:mod:`statebackend.checkpoint.fencing`): before each of these steps, one HEAD
-        proves that no newer writer epoch exists. A completion for a run
+        (:mod:`statebackend.checkpoint.fencing`): before each of these steps, a listing
+        of ``_writers/`` and a read of ``LATEST.json`` prove that no newer writer epoch
+        exists. A completion for a run
         (:meth:`try_complete`'s ``run_id``, which the listener passes) whose run was
         fenced raises :class:`~statebackend.errors.WriterFencedError`; one for no run in
         particular (planning, a manual ``complete()``) follows the newest writer,
