@@ -144,6 +144,19 @@ class _Owner:
         self._retain_for(run_id is not None)
         return True
 
+    def owns(self, run_id: str | None = None) -> bool:
+        """Whether this coordinator may change the location for run ``run_id`` (None: for
+        no run in particular, as the newest writer): False for a run that never held an
+        epoch here (another query owns it).
+
+        Raises
+        ------
+        WriterFencedError
+            ``run_id`` held an older epoch.
+        """
+        with self._lock:
+            return self._act_as_owner(run_id)
+
     def _known_latest(self) -> int:
         latest = self._registry.latest_id
         return -1 if latest is None else latest

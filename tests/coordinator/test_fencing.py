@@ -366,7 +366,13 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
     assert all_files(store) == files  # constructing it deleted nothing of the owner's
     with pytest.raises(StateLocationInUseError, match=QUERY):
         Writer(store, tmp_path, "run-x", query="query-2").task(3, rows(3))
-    # its listener completes for its run, whose tasks were refused: nothing happens
+    # its listener completes for its run, whose tasks were refused: nothing happens, not
+    # even the carrier's carry-over (it would publish manifests)
+    from statebackend.coordinator.pending import complete_pending
+
+    carried: list[int] = []
+    other.carry = lambda coord, n: carried.append(n) or [0]
+    assert complete_pending(other, up_to=4, run_id="run-x") == [] and carried == []
     assert other.try_complete(3, run_id="run-x") is None
     other.collect_garbage()
     assert all_files(store) == files
