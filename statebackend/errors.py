@@ -146,6 +146,22 @@ class TransientStorageError(StorageError):
     """A storage failure worth retrying (timeouts, throttling, connection resets)."""
 
 
+class ChecksumMismatchError(StorageError):
+    """A file read back from durable storage has another size or CRC32 than what refers to
+    it records: the stored file is damaged. Not retried (reading it again returns the same
+    bytes); a restore tries its local copy first and then fails naming the file.
+
+    Attributes
+    ----------
+    path : str
+        The file, relative to the store's root.
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class UnsafePathError(StorageError, ValueError):
     """A path (e.g. from a manifest) would escape the checkpoint root."""
 

@@ -31,6 +31,7 @@ from .metrics import (
     partition_progress,
 )
 from .storage.accounting import RequestCounts
+from .storage.records import METRICS_DIR
 
 if TYPE_CHECKING:
     from .model.manifest import CompletedCheckpoint, PartitionManifest
@@ -48,7 +49,6 @@ __all__ = [
 
 log = logging.getLogger("statebackend.metrics")
 
-METRICS_DIR = "_metrics"
 #: Metrics files kept (checkpoints); older ones are deleted in batches.
 METRICS_KEPT = 1000
 #: One bulk delete of old metrics files per this many checkpoints.

@@ -30,7 +30,7 @@ _INLINE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s/:@]*
 # user:password@host without a scheme, as a filesystem's root keeps it after stripping
 # ``memory://`` (``/user:password@host/x``): after a separator, followed by a host
 _BARE = re.compile(r"(?P<scheme>(?:^|(?<=[\s/'\"(=])))(?P<user>[^\s/:@'\"()]+):"
-                   r"(?P<password>[^\s/'\"]+)@(?=[^\s/@'\"]+)")
+                   r"(?P<password>[^\s/'\"]+)@(?=[^\s/@'\"]+|/)")  # a host, or none (file://)
 
 
 def _mask(m: re.Match[str]) -> str:

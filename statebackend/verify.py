@@ -18,11 +18,16 @@ What the checks prove, in the order a restore depends on them:
 * ``files_intact``: every file a manifest references (also those reused from older
   checkpoints) exists with its recorded size and CRC32;
 * ``rocksdb_file_set``: the SST files RocksDB's own ``MANIFEST-<n>`` lists are exactly
-  those the partition manifest references, ``CURRENT`` names that MANIFEST, and the
+  those the partition manifest references, with the sizes it records for them, ``CURRENT`` names that MANIFEST, and the
   ``OPTIONS`` file is there (RocksDB refuses to open without them);
 * ``slices_listed`` (rolling slices): every unit's files are listed;
 * ``changelogs_continuous`` (changelog mode): the changelogs replay without a gap from the
-  materialization up to the checkpoint itself;
+  materialization up to the checkpoint itself, and none is another partition's
+  (:meth:`~statebackend.model.manifest.PartitionManifest.foreign_changelogs`);
+* for the location as a whole (:func:`location_problems`, when every checkpoint is
+  verified): ``_checkpoints/LATEST.json`` parses, and neither it nor the ``_metrics/``
+  files name a completed checkpoint newer than the newest record (a rollback, which
+  readers refuse); ``_writers/`` has a file for every epoch the records name;
 * ``opens`` (deep): each partition downloaded, opened by RocksDB, its changelogs replayed,
   and every entry read back, each key inside the partition's key-group range.
 """
@@ -40,15 +45,19 @@ from typing import Any
 from .errors import CheckpointNotFoundError, CorruptStateError, StateBackendError, StorageError
 from .model.manifest import (
     CHECKPOINTS_DIR,
+    LATEST_PATH,
     CompletedCheckpoint,
     FileEntry,
     PartitionManifest,
     changelog_id,
+    checkpoint_dir,
     completed_record_path,
+    parse_latest,
 )
 from .progress import ProgressFn
 from .storage.base import DurableStore
 from .storage.checksum import crc32_stream
+from .storage.records import METRICS_DIR, newest_metrics
 
 __all__ = ["CHECKS", "DEEP_CHECKS", "Check", "LoadedCheckpoint", "Problem", "VerifyContext",
            "load_checkpoint", "read_records", "verify_checkpoints"]
@@ -60,13 +69,14 @@ _RECORD = re.compile(r"^chk-(\d+)\.json$")
 class Problem:
     """One thing ``verify`` found wrong."""
 
-    checkpoint_id: int
+    checkpoint_id: int | None  # None: the location as a whole (writers, LATEST.json)
     partition: int | None
     path: str  # relative to the operator root
     what: str  # missing | size ... | checksum ... | manifest ... | rocksdb ... | changelog ...
 
     def __str__(self) -> str:
-        where = f"checkpoint {self.checkpoint_id}" + (
+        where = ("location" if self.checkpoint_id is None
+                 else f"checkpoint {self.checkpoint_id}") + (
             f" partition {self.partition}" if self.partition is not None else "")
         return f"{where}: {self.path}: {self.what}"
 
@@ -165,7 +175,7 @@ def files_intact(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
 
 def rocksdb_file_set(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
     """The partition manifest's SSTs are exactly those RocksDB's MANIFEST lists."""
-    from .rocksdb.version_edits import live_sst_numbers, sst_name
+    from .rocksdb.version_edits import live_sst_sizes, sst_name
 
     for p, m in sorted(c.manifests.items()):
         files = {f.name: f for f in m.db_files}
@@ -194,20 +204,26 @@ def rocksdb_file_set(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Proble
         if ctx.file_problems([rocks])[rocks.path] is not None:
             continue
         try:
-            live = {sst_name(x) for x in live_sst_numbers(ctx.read(rocks.path))}
+            live = {sst_name(x): size for x, size in live_sst_sizes(ctx.read(rocks.path)).items()}
         except (ValueError, OSError, StorageError) as exc:
             yield Problem(n, p, rocks.path, f"rocksdb: cannot list the SST files of "
                                             f"{manifest_name} ({exc}); 'verify --deep' "
                                             f"opens the snapshot instead")
             continue
         listed = {name for name in files if name.endswith(".sst")}
-        for name in sorted(live - listed):
+        for name in sorted(live.keys() - listed):
             yield Problem(n, p, m.path, f"rocksdb: {manifest_name} needs {name}, which the "
                                         f"manifest does not list (RocksDB will not open)")
-        for name in sorted(listed - live):
+        for name in sorted(listed - live.keys()):
             yield Problem(n, p, files[name].path, f"rocksdb: listed but not part of "
                                                   f"{manifest_name} (a manifest of another "
                                                   f"snapshot?)")
+        for name in sorted(listed & live.keys()):
+            if files[name].size != live[name]:
+                # RocksDB refuses to open a snapshot whose file has another size
+                yield Problem(n, p, files[name].path, f"rocksdb: {manifest_name} records "
+                              f"{live[name]} bytes for {name}, the manifest lists "
+                              f"{files[name].size} (another snapshot's or partition's file)")
 
 
 def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[Problem]:
@@ -216,6 +232,10 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
     for p, m in sorted(c.manifests.items()):
         if m.mode != "changelog":
             continue
+        for f in m.foreign_changelogs():
+            yield Problem(c.checkpoint_id, p, f.path,
+                          f"changelog: written by another partition than {p} (a changelog "
+                          f"is replayed only onto its own partition's state)")
         covered = m.materialized_id
         if m.slices:  # rolling slices: the changelogs after the oldest unit
             from .checkpoint.slices import covering
@@ -317,6 +337,52 @@ def read_records(store: DurableStore, op: str,
     return dict(sorted(out.items()))
 
 
+def location_problems(store: DurableStore, op: str,
+                      records: dict[int, CompletedCheckpoint],
+                      broken: dict[int, Problem]) -> list[Problem]:
+    """What a restore or a restart checks beyond each checkpoint: ``LATEST.json`` against
+    the records (a newest record gone is a rollback a reader refuses, a pointer that does
+    not parse is refused too), and ``_writers/`` against the records' writer epochs."""
+    from .checkpoint.fencing import writer_gaps
+
+    out = []
+    newest = max([*records, *broken], default=None)
+    try:
+        ptr = parse_latest(store.get_bytes(f"{op}/{LATEST_PATH}"))
+    except FileNotFoundError:
+        ptr = None
+        if newest is not None and records and records[max(records)].writer is not None:
+            # records written with fencing always come with the pointer
+            out.append(Problem(None, None, LATEST_PATH,
+                               f"missing, while records up to checkpoint {newest} exist; "
+                               f"the next start writes it again"))
+    except CorruptStateError as exc:
+        ptr = None
+        out.append(Problem(None, None, LATEST_PATH, f"unreadable ({exc})"))
+    done, evidence = (ptr.checkpoint_id if ptr else None), f"{LATEST_PATH} says so"
+    metrics = newest_metrics(store, f"{op}/")
+    if metrics is not None and (done is None or metrics >= done):
+        done, evidence = metrics, f"its metrics {METRICS_DIR}/chk-{metrics}.jsonl were written"
+    if done is not None and done > (-1 if newest is None else newest):
+        rel = completed_record_path(done)
+        published = bool(store.list_dir(f"{op}/{checkpoint_dir(done)}"))
+        why = (f"the record of checkpoint {done}, the newest completed one ({evidence}), is "
+               f"missing")
+        if published:
+            why += (": a rollback, which readers refuse; the next start completes it again "
+                    "from its published manifests if they are all intact")
+        elif evidence.startswith(LATEST_PATH):
+            why += (", and nothing of that checkpoint is stored: a damaged pointer, which "
+                    "readers refuse; the next start writes it again from the newest record")
+        else:
+            why += (" with all its files: the state after checkpoint "
+                    f"{newest} is lost; readers and the next start refuse it")
+        out.append(Problem(done, None, rel, why))
+    for path, what in writer_gaps(store, f"{op}/"):
+        out.append(Problem(None, None, path, what))
+    return out
+
+
 def load_checkpoint(ctx: VerifyContext, record: CompletedCheckpoint) -> LoadedCheckpoint:
     """The record with the manifests it names (in parallel; one by one only to tell which
     manifest is bad)."""
@@ -360,11 +426,14 @@ def verify_checkpoints(store: DurableStore, op: str, checkpoint_ids: Sequence[in
     """
     broken: dict[int, Problem] = {}
     records = read_records(store, op, broken)
-    if not records and not broken:
+    problems: list[Problem] = []
+    if checkpoint_ids is None:
+        problems += location_problems(store, op, records, broken)
+    if not records and not broken and not problems:
         raise CheckpointNotFoundError(f"operator {op!r} has no completed checkpoint under "
                                       f"{store.root}")
     ids = sorted({*records, *broken}) if checkpoint_ids is None else list(checkpoint_ids)
-    problems: list[Problem] = [broken[n] for n in ids if n in broken]
+    problems += [broken[n] for n in ids if n in broken]
     ids = [n for n in ids if n not in broken]
     for n in ids:
         if n not in records:

@@ -215,3 +215,41 @@ def test_the_cli_redacts_a_root_rewritten_by_the_filesystem(capsys) -> None:
     code = main(["describe", f"memory://u:{SECRET}@h/x", "op"])
     err = capsys.readouterr().err
     assert code == 3 and SECRET not in err and "u:***@h" in err
+
+
+# --- issue 34: what could never be written is refused at construction --------------------
+
+
+@pytest.mark.parametrize("url", ["http://example.com/state", "https://example.com/state",
+                                 "zip://x.zip"])
+def test_a_location_of_a_store_that_cannot_write_is_refused(url) -> None:
+    with pytest.raises(OptionsError, match="can only read"):
+        RocksDBStateBackend(url)
+    # reading from one stays possible: a savepoint to start from
+    assert check_location(url, "from_savepoint") == url
+
+
+def test_a_path_with_a_nul_character_is_refused(tmp_path) -> None:
+    with pytest.raises(OptionsError, match="NUL"):
+        RocksDBStateBackend(f"{tmp_path}/a\x00b")
+    with pytest.raises(OptionsError, match="NUL"):
+        StateBackendOptions(local_dir=f"{tmp_path}/a\x00b")
+    with pytest.raises(OptionsError):
+        open_store(f"{tmp_path}/a\x00b")
+
+
+@pytest.mark.parametrize("url", ["", "   "])
+def test_open_store_refuses_an_empty_location(url) -> None:
+    with pytest.raises(OptionsError, match="non-empty"):
+        open_store(url)
+
+
+def test_an_unwritable_local_dir_is_refused(tmp_path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for bad in (a_file, a_file / "sub"):
+        with pytest.raises(OptionsError, match="is a file, not a directory"):
+            StateBackendOptions(local_dir=str(bad))
+    # a directory that does not exist yet here is created where it is used (executors)
+    assert StateBackendOptions(local_dir=str(tmp_path / "new" / "dir")).local_dir
+    assert StateBackendOptions(local_dir=str(tmp_path / "{executor_id}")).local_dir

@@ -94,8 +94,9 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
     counts1 = store.request_counts()
     if counts0 is not None and counts1 is not None:
         # The checkpoint's requests, plus the manifest's own PUT (it cannot count itself)
-        # and the fencing check just before it
-        own = RequestCounts(put=1, head=int(manifest.writer_epoch is not None))
+        # and the fencing check just before it (a listing of _writers/, LATEST.json read)
+        fenced = int(manifest.writer_epoch is not None)
+        own = RequestCounts(put=1, list=fenced, get=fenced)
         extra["checkpoint_requests"] = (counts1 - counts0 + own).to_dict()
     if facts is not None:
         manifest = replace(manifest, key_columns=facts.key_columns, key_types=facts.key_types,

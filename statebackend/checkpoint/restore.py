@@ -237,6 +237,12 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     origin = carried_origin(manifest) or manifest
     start = -1 if origin.materialized_id is None else origin.materialized_id
     where = f"manifest {manifest.path}"
+    for f in manifest.foreign_changelogs():
+        raise CorruptStateError(
+            f"{where} of partition {manifest.partition} lists changelog {f.path}, which "
+            f"another partition wrote: its entries are not this partition's state (the "
+            f"manifest was edited); restore from another retained checkpoint",
+            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     try:
         for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
             check_chain([(f.path, changelog_id(f.name), span(data, f.path))], start,

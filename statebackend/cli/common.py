@@ -158,14 +158,43 @@ def _count(low: int) -> Callable[[str], int]:
     parse.__name__ = "integer"  # argparse names the type in its message
     return parse
 
+def _component(text: str) -> str:
+    """An argparse type: a name used as one path component (an operator id, a savepoint):
+    a name that would escape the location is bad usage (exit 2), not a storage error."""
+    from ..errors import UnsafePathError
+    from ..model.manifest import check_component
+
+    try:
+        return check_component(text)
+    except UnsafePathError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_component.__name__ = "name"
+
+
+def _key_types(text: str) -> list[str]:
+    """An argparse type: comma-separated grouping-key types, each one supported."""
+    from ..errors import SchemaError
+    from ..keys.groups import normalise_type
+
+    try:
+        return [normalise_type(t) for t in text.split(",")]
+    except SchemaError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_key_types.__name__ = "key types"
+
+
 def common_args(p: argparse.ArgumentParser, operator: str = "required") -> None:
     """URL, OPERATOR and the options every command takes."""
     p.add_argument("url", metavar="URL", help="the backend's checkpoint_location")
     if operator == "optional":
         p.add_argument("operator", metavar="OPERATOR", nargs="?", default=None,
-                       help="operator id (omit to list operators)")
+                       type=_component, help="operator id (omit to list operators)")
     else:
-        p.add_argument("operator", metavar="OPERATOR", help="operator id")
+        p.add_argument("operator", metavar="OPERATOR", type=_component, help="operator id")
     p.add_argument("--storage-options", metavar="JSON",
                    help="fsspec options as JSON, e.g. '{\"anon\": false}'")
     p.add_argument("--json", action="store_true",

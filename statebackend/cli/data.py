@@ -7,7 +7,7 @@ import json
 from typing import Any, TextIO
 
 from ..errors import OptionsError
-from .common import EXIT_OK, _count, _progress, common_args
+from .common import EXIT_OK, _count, _key_types, _progress, common_args
 
 
 def _output_format(args: argparse.Namespace) -> str:
@@ -34,16 +34,55 @@ def _write(frame: Any, view: Any, state: str | None, fmt: str, args: argparse.Na
         write_parquet(frame, view, state, args.output)
 
 
+def _view(load: Any, store: Any, op: str, checkpoint: int | None,
+          key_types: list[str] | None) -> tuple[Any, bool]:
+    """The checkpoint's view, and whether its key types are the user's guess: given
+    ``--key-types`` must match what the checkpoint records (bad usage otherwise), and are
+    used only when it records none."""
+    from ..errors import StateError
+
+    try:
+        view = load(store, op, checkpoint)
+    except StateError:  # no recorded types: the user's are needed
+        if key_types is None:
+            raise
+        return load(store, op, checkpoint, key_types=key_types), True
+    if key_types is not None and list(view.key_types) != key_types:
+        raise OptionsError("--key-types", ",".join(key_types),
+                           f"--key-types {','.join(key_types)} does not match the grouping-key "
+                           f"types checkpoint {view.record.checkpoint_id} records "
+                           f"({','.join(view.key_types)}); omit --key-types")
+    return view, False
+
+
+class _decoding:
+    """Keys that do not decode as types the user guessed: bad usage, not corruption."""
+
+    def __init__(self, guessed: bool, key_types: list[str] | None) -> None:
+        self.guessed, self.key_types = guessed, key_types
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        from ..errors import CorruptStateError
+
+        if self.guessed and isinstance(exc, CorruptStateError) and exc.path is None:
+            raise OptionsError("--key-types", ",".join(self.key_types or ()),
+                               f"the keys do not decode as --key-types "
+                               f"{','.join(self.key_types or ())} ({exc}); pass the query's "
+                               f"grouping-key types") from exc
+
+
 def cmd_read(args: argparse.Namespace, out: TextIO) -> int:
     from ..read.rows import load_checkpoint, read_rows, rows_to_pandas
 
     fmt = _output_format(args)
     store = args.open_store()
     op = args.operator
-    key_types = args.key_types.split(",") if args.key_types else None
-    view = load_checkpoint(store, op, args.checkpoint, key_types=key_types)
+    view, guessed = _view(load_checkpoint, store, op, args.checkpoint, args.key_types)
     parts = args.partition if args.partition else None
-    with _progress(args, "read", "partitions") as bar:
+    with _progress(args, "read", "partitions") as bar, _decoding(guessed, args.key_types):
         rows = list(read_rows(store, op, state_name=args.state, partitions=parts,
                               view=view, progress=bar))
     frame = rows_to_pandas(rows, view, args.state)
@@ -67,8 +106,8 @@ def cmd_changes(args: argparse.Namespace, out: TextIO) -> int:
 
     fmt = _output_format(args)
     store = args.open_store()
-    key_types = args.key_types.split(",") if args.key_types else None
-    plan = plan_changes(store, args.operator, args.from_id, args.to_id, key_types=key_types)
+    plan = plan_changes(store, args.operator, args.from_id, args.to_id,
+                        key_types=args.key_types)
     with _progress(args, "changes", "partitions") as bar:
         rows = list(change_rows(store, args.operator, args.from_id, args.to_id, args.state,
                                 partitions=args.partition or None, plan=plan, progress=bar))
@@ -116,6 +155,6 @@ def _output_args(p: Any, *, partition_help: str) -> None:
     p.add_argument("-o", "--output", required=True,
                    help="file to write (.parquet or .csv), or - for CSV on stdout")
     p.add_argument("--format", choices=["parquet", "csv"], default=None)
-    p.add_argument("--key-types", default=None,
+    p.add_argument("--key-types", default=None, type=_key_types,
                    help="grouping-key types, comma separated, if the checkpoint lacks them")
 

@@ -121,7 +121,7 @@ def run_gc(store: DurableStore, op: str, num_retained: int, *, dry_run: bool = T
     rec = RecordingStore(store, dry_run=dry_run, progress=progress)
     coord = CheckpointCoordinator(rec, op, parallelism=latest.parallelism,
                                   max_parallelism=latest.max_parallelism,
-                                  num_retained=num_retained)
+                                  num_retained=num_retained, own_retention=True)
     coord.collect_garbage()  # idempotent: a second pass finds what the first one unblocked
     coord.close()
     dropped = sorted(set(records) - set(_records(rec, op)))

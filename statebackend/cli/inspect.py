@@ -104,8 +104,11 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
     manifests = _manifests(store, op, record)
     parts, rows, tot = _describe_partitions(manifests)
     states = {d.name: d for m in manifests.values() for d in m.states}
+    damaged = _damaged_others(store, op, record.checkpoint_id)
     if args.json:
         out.write(json.dumps({"operator_id": op, "checkpoint_id": record.checkpoint_id,
+                              "damaged": [{"checkpoint_id": n, "problem": why}
+                                          for n, why in damaged],
                               "parallelism": record.parallelism,
                               "max_parallelism": record.max_parallelism,
                               "created_at_ms": record.created_at_ms,
@@ -114,6 +117,8 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
                               "states": [vars(s) for s in states.values()],
                               "partitions": parts}, default=str) + "\n")
         return EXIT_OK
+    for n, why in damaged:
+        out.write(f"WARNING: retained checkpoint {n} is damaged and skipped: {why}\n")
     out.write(f"operator {op}, checkpoint {record.checkpoint_id} (created "
               f"{_when(record.created_at_ms)}): {record.parallelism} partitions, "
               f"{record.max_parallelism} key groups\n")
@@ -143,6 +148,24 @@ def cmd_describe(args: argparse.Namespace, out: TextIO) -> int:
                 for d in parts for f in d["file_list"]],
                ["partition", "file", "bytes", "kind", "", "path"], out)
     return EXIT_OK
+
+
+def _damaged_others(store: Any, op: str, shown: int) -> list[tuple[int, str]]:
+    """The other retained checkpoints whose record or manifests fail the checks every
+    reader makes (manifests read, not the files: ``verify`` checks those)."""
+    from ..verify import Problem, VerifyContext, load_checkpoint, read_records
+
+    broken: dict[int, Problem] = {}
+    records = read_records(store, op, broken)
+    out = [(n, p.what) for n, p in sorted(broken.items()) if n != shown]
+    ctx = VerifyContext(store, op, checksums=False)
+    for n, rec in records.items():
+        if n == shown:
+            continue
+        for _p, why in sorted(load_checkpoint(ctx, rec).unreadable.items()):
+            out.append((n, why))
+            break
+    return sorted(out)
 
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:

@@ -8,7 +8,7 @@ import sys
 from typing import Any, TextIO
 
 from ..errors import OptionsError
-from .common import EXIT_OK, EXIT_USAGE, _count, _progress, _size, common_args
+from .common import EXIT_OK, EXIT_USAGE, _component, _count, _progress, _size, common_args
 
 
 def cmd_savepoint(args: argparse.Namespace, out: TextIO) -> int:
@@ -71,7 +71,8 @@ def cmd_migrate_savepoint(args: argparse.Namespace, out: TextIO) -> int:
 def add_savepoint(sub: Any) -> None:
     p = sub.add_parser("savepoint", help="write a self-contained savepoint of a checkpoint")
     common_args(p)
-    p.add_argument("--name", default=None, help="default: sp-<checkpoint>-<ms>")
+    p.add_argument("--name", default=None, type=_component,
+                   help="default: sp-<checkpoint>-<ms>")
     p.add_argument("--checkpoint", type=_count(0), default=None, help="default: the latest")
     p.add_argument("--compression", choices=["snappy", "none"], default="snappy")
     p.set_defaults(func=cmd_savepoint)
@@ -82,8 +83,9 @@ def add_migrate_savepoint(sub: Any) -> None:
     p = sub.add_parser("migrate-savepoint",
                        help="rewrite a savepoint for another max_parallelism (a new savepoint)")
     common_args(p)
-    p.add_argument("name", metavar="NAME", help="the savepoint to read")
-    p.add_argument("new_name", metavar="NEW_NAME", help="the savepoint to write (must not exist)")
+    p.add_argument("name", metavar="NAME", type=_component, help="the savepoint to read")
+    p.add_argument("new_name", metavar="NEW_NAME", type=_component,
+                   help="the savepoint to write (must not exist)")
     # ranges checked by cmd_migrate_savepoint (exit 2 returned, not raised: main() callers
     # get the code back as for every other check after parsing)
     p.add_argument("--max-parallelism", type=_count(-(2 ** 63)), required=True, metavar="M",

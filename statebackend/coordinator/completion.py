@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..checkpoint.fencing import WriterEpoch, fenced_error
 from ..errors import CorruptStateError, IncompatibleStateError, UnsafePathError
 from ..model.manifest import (
     LATEST_PATH,
@@ -73,7 +74,8 @@ class _Completion(_Owner):
         """
         with self._lock:
             self.last_completion_requests = None
-            self._act_as_owner(run_id)
+            if not self._act_as_owner(run_id):
+                return None  # not this run's location: another query owns it
             known = self._registry.checkpoints.get(checkpoint_id)
             if known is None:
                 record = self._complete_locked(checkpoint_id, committed)
@@ -109,6 +111,7 @@ class _Completion(_Owner):
                 return None
             chosen[p] = m
         ms = list(chosen.values())
+        self._check_chosen_epochs(checkpoint_id, ms)
         if not committed:
             # Another coordinator of this operator (the backend object of a query that just
             # ended) may have recorded it as committed: never take that back, or retention
@@ -122,12 +125,14 @@ class _Completion(_Owner):
             incremental_size=sum(m.incremental_size for m in ms),
             created_at_ms=int(self._clock() * 1000), committed=committed,
             manifest_digests={p: self._digests[m.path] for p, m in chosen.items()
-                              if m.path in self._digests})
+                              if m.path in self._digests},
+            **self._writer_fields())
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
-        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(checkpoint_id))
+        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
+            checkpoint_id, record.writer, self._history if record.writer else None))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
             for rel in self._published.pop(n):
@@ -137,6 +142,27 @@ class _Completion(_Owner):
         if counts0 is not None and counts1 is not None:
             self.last_completion_requests = counts1 - counts0
         return record
+
+    def _writer_fields(self) -> dict:
+        """The writer stamp a record carries (none without fencing or an owner)."""
+        w = self._stamp if self.fencing and self._epoch else None
+        if w is None:
+            return {}
+        return dict(writer_epoch=w.epoch, writer_query=w.query_id, writer_run=w.run_id,
+                    num_retained=self._registry.num_retained)
+
+    def _check_chosen_epochs(self, checkpoint_id: int, ms: list[PartitionManifest]) -> None:
+        """A chosen manifest published under a newer epoch than the one acted under: a
+        newer writer exists whose ``_writers/`` file is gone. Refused, as a newer file is."""
+        if not (self.fencing and self._epoch is not None):
+            return
+        newest = max((m.writer_epoch or 0 for m in ms), default=0)
+        if newest > self._epoch:
+            m = next(m for m in ms if m.writer_epoch == newest)
+            raise fenced_error(
+                f"{self.store.root}/{self.operator_id}", self._epoch,
+                WriterEpoch(newest, None, "?", 0, f"its manifest {m.path} of checkpoint "
+                            f"{checkpoint_id} says so; its _writers/ file is missing", ""))
 
     def _recorded_committed(self, checkpoint_id: int) -> bool:
         try:

@@ -66,7 +66,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleStateError
-from ..model.manifest import CompletedCheckpoint, PartitionManifest, check_component
+from ..model.manifest import (
+    CompletedCheckpoint,
+    PartitionManifest,
+    WriterStamp,
+    check_component,
+)
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from .completion import _Completion
@@ -114,12 +119,21 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         to inspect a half-done state).
     fencing : bool
         Complete, retain and delete only as the owner of the location
-        (:mod:`statebackend.checkpoint.fencing`): before each of these steps, one HEAD
-        proves that no newer writer epoch exists. A completion for a run
+        (:mod:`statebackend.checkpoint.fencing`): before each of these steps, a listing
+        of ``_writers/`` and a read of ``LATEST.json`` prove that no newer writer epoch
+        exists. A completion for a run
         (:meth:`try_complete`'s ``run_id``, which the listener passes) whose run was
         fenced raises :class:`~statebackend.errors.WriterFencedError`; one for no run in
         particular (planning, a manual ``complete()``) follows the newest writer,
-        rebuilding its registry first when that changed.
+        rebuilding its registry first when that changed. A run that never held an epoch
+        (its tasks were refused: another query owns the location) completes, retains and
+        deletes nothing.
+    own_retention : bool
+        Apply ``num_retained`` also when acting for no run in particular (an operator's
+        explicit ``statebackend gc --num-retained``). By default such a coordinator (a
+        restart's planning, possibly another query's) never keeps fewer checkpoints than
+        the owner's newest record says its writer keeps; the owner's own completions
+        apply ``num_retained``.
 
     Notes
     -----
@@ -131,7 +145,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
     def __init__(self, store: DurableStore, operator_id: str, parallelism: int,
                  max_parallelism: int, num_retained: int = 3, *, background_gc: bool = False,
                  clock: Callable[[], float] = time.time, rebuild: bool = True,
-                 fencing: bool = True) -> None:
+                 fencing: bool = True, own_retention: bool = False) -> None:
         if parallelism < 1 or max_parallelism < parallelism:
             raise IncompatibleStateError(
                 f"need 1 <= parallelism <= max_parallelism, got parallelism={parallelism}, "
@@ -161,9 +175,17 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._gc_future: Future[GcReport] | None = None
         self._gc_again = False
         self.fencing = fencing
+        self.own_retention = own_retention
         # the writer epoch this coordinator last acted under, and the run it acts for
         self._epoch: int | None = None
         self._epoch_run: str | None = None  # the run that holds self._epoch
+        self._stamp: WriterStamp | None = None  # and its stamp, written into records
+        # retained checkpoints found damaged by the last rebuild: id -> the error
+        self._damaged: dict[int, CorruptStateError] = {}
+        self._damage_logged: frozenset = frozenset()
+        self._history: dict[str, int] = {}  # runs that held epochs, for LATEST.json
+        self._for_owner = True  # acting for the owning run (its retention applies)
+        self._not_owner_logged: set[str] = set()
         if rebuild:
             with self._lock:
                 self._act_as_owner()  # the writer the records below were written under
@@ -175,6 +197,13 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         with self._lock:
             n = self._registry.latest_id
             return None if n is None else self._registry.checkpoints[n].record
+
+    @property
+    def damaged(self) -> dict[int, CorruptStateError]:
+        """Retained checkpoints found damaged (id -> what is wrong), skipped until repaired:
+        restoring one fails, garbage collection deletes nothing meanwhile."""
+        with self._lock:
+            return dict(self._damaged)
 
     def list_completed(self) -> list[CheckpointInfo]:
         """The retained checkpoints (restore points), oldest first, with sizes and times."""

@@ -43,6 +43,8 @@ class _Garbage(_Owner):
                 raise CheckpointError(f"checkpoint {checkpoint_id} of {self.operator_id} is "
                                       f"complete and cannot be aborted; unpin it or let "
                                       f"retention drop it instead")
+            if self._damaged:
+                return []  # see collect_garbage
             protected = self._protected()
             listing = self._list(checkpoint_dir(checkpoint_id))
             doomed = [p for p in listing if not self._registry.is_referenced(p)
@@ -88,7 +90,8 @@ class _Garbage(_Owner):
         with self._lock:
             self._act_as_owner()
             latest = self._registry.latest_id
-            if latest is None:
+            if latest is None or self._damaged:
+                # a damaged retained checkpoint names files nobody can list: keep them all
                 return report
             protected = self._protected()
             start = self._watermark

@@ -13,15 +13,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..checkpoint.fencing import (
-    check_owner,
-    epoch_path,
-    fenced_error,
-    held_before,
-    list_epochs,
-    read_epoch,
-)
-from ..model.manifest import PartitionManifest
+from ..checkpoint.fencing import check_owner, fenced_error, resolve_owner, writer_history
+from ..errors import CorruptStateError, WriterFencedError
+from ..model.manifest import PartitionManifest, WriterStamp
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
 from .records import GcReport
@@ -39,6 +33,7 @@ class _Owner:
     max_parallelism: int
     num_retained: int
     fencing: bool
+    own_retention: bool
     last_completion_requests: RequestCounts | None
     _clock: Callable[[], float]
     _lock: threading.RLock
@@ -52,6 +47,12 @@ class _Owner:
     _gc_again: bool
     _epoch: int | None
     _epoch_run: str | None
+    _stamp: WriterStamp | None
+    _history: dict[str, int]
+    _damaged: dict[int, CorruptStateError]
+    _damage_logged: frozenset
+    _for_owner: bool
+    _not_owner_logged: set[str]
 
     if TYPE_CHECKING:
         def rebuild(self, *, collect: bool = True) -> SharedStateRegistry: ...
@@ -79,38 +80,109 @@ class _Owner:
 
     def _check_owner(self) -> None:
         """Before a record is written or a file deleted: the epoch acted under is still
-        the newest (one HEAD)."""
+        the newest (a listing of ``_writers/`` and a read of ``LATEST.json``)."""
         if self.fencing and self._epoch:  # 0: no writer has claimed the location yet
             check_owner(self.store, self._epoch, f"{self.operator_id}/")
 
-    def _act_as_owner(self, run_id: str | None = None) -> None:
+    def _act_as_owner(self, run_id: str | None = None) -> bool:
         """Resolve the epoch to act under (under the lock), before a completion or a
-        collection: run ``run_id``'s (WriterFencedError when a newer run took over), or
-        the newest writer's for no run in particular. Costs one HEAD while the epoch stays
-        the newest; after a takeover, a listing, a few small reads and a rebuild of the
-        registry (the older writer may have completed checkpoints since this coordinator
-        read the records)."""
+        collection: run ``run_id``'s, or the newest writer's for no run in particular.
+
+        The owner is the newest epoch in ``_writers/`` or in the records
+        (:func:`~statebackend.checkpoint.fencing.resolve_owner`). Costs a listing and a read
+        while the epoch stays the newest; after a takeover, a few small reads and a rebuild
+        of the registry (the older writer may have completed checkpoints since this
+        coordinator read the records).
+
+        Returns
+        -------
+        bool
+            False when ``run_id`` never held an epoch of this location (its tasks were
+            refused: another query owns it): such a coordinator changes nothing here.
+
+        Raises
+        ------
+        WriterFencedError
+            ``run_id`` held an older epoch: a newer run took the location over.
+        """
         if not self.fencing:
-            return
+            self._for_owner = True
+            return True
         prefix = f"{self.operator_id}/"
-        if (self._epoch is not None and run_id in (None, self._epoch_run)
-                and not self.store.exists(prefix + epoch_path(self._epoch + 1))):
-            return
-        epochs = list_epochs(self.store, prefix)
-        latest = read_epoch(self.store, epochs[-1], prefix) if epochs else None
+        if self._epoch is not None and run_id in (None, self._epoch_run):
+            try:
+                ptr = check_owner(self.store, self._epoch, prefix)
+            except WriterFencedError:
+                pass
+            else:
+                if ptr is not None and ptr.checkpoint_id > self._known_latest():
+                    self._reread("another coordinator completed checkpoint "
+                                 f"{ptr.checkpoint_id}")
+                self._retain_for(run_id is not None or not self._epoch)
+                return True
+        owner = resolve_owner(self.store, prefix)
+        latest = owner.writer
         if latest is None:
-            self._epoch = 0  # no writer has claimed the location yet: HEAD epoch 1 next
-            return
+            self._epoch, self._epoch_run, self._stamp = 0, None, None  # nobody claimed it yet
+            self._retain_for(True)
+            return True
         if run_id is not None and latest.run_id != run_id:
-            held = held_before(self.store, epochs[:-1], run_id, prefix)
+            held = owner.held_by(self.store, run_id, prefix)
             if held is not None:
                 raise fenced_error(f"{self.store.root}/{self.operator_id}", held, latest)
+            if run_id not in self._not_owner_logged:
+                self._not_owner_logged.add(run_id)
+                log.warning("operator %s: run %s never took a writer epoch of this location "
+                            "(%s owns it); its coordinator completes, retains and deletes "
+                            "nothing here", self.operator_id, run_id, latest.describe())
+            return False
         moved = self._epoch is not None and latest.epoch != self._epoch
-        self._epoch, self._epoch_run = latest.epoch, latest.run_id
+        self._epoch, self._epoch_run, self._stamp = latest.epoch, latest.run_id, latest.stamp
+        self._history = writer_history(self.store, owner, prefix)
         if moved:
-            log.info("operator %s: %s took the location over; reading the completed "
-                     "checkpoints again", self.operator_id, latest.describe())
-            self.rebuild(collect=False)
+            self._reread(f"{latest.describe()} took the location over")
+        self._retain_for(run_id is not None)
+        return True
+
+    def owns(self, run_id: str | None = None) -> bool:
+        """Whether this coordinator may change the location for run ``run_id`` (None: for
+        no run in particular, as the newest writer): False for a run that never held an
+        epoch here (another query owns it).
+
+        Raises
+        ------
+        WriterFencedError
+            ``run_id`` held an older epoch.
+        """
+        with self._lock:
+            return self._act_as_owner(run_id)
+
+    def _known_latest(self) -> int:
+        latest = self._registry.latest_id
+        return -1 if latest is None else latest
+
+    def _reread(self, why: str) -> None:
+        """The records changed behind this coordinator's back: its registry is stale, and
+        retention or a sweep on it could delete what a newer record names."""
+        log.info("operator %s: %s; reading the completed checkpoints again",
+                 self.operator_id, why)
+        self.rebuild(collect=False)
+
+    def _retain_for(self, owner_run: bool) -> None:
+        """Retention applies this coordinator's ``num_retained`` when it acts for the
+        owning run (or nobody owns the location); acting for no run in particular (a
+        restart's planning, a manual call: possibly another query's coordinator) it never
+        keeps fewer checkpoints than the owner's newest record says its writer keeps."""
+        self._for_owner = owner_run
+        want = self.num_retained
+        latest = self._registry.latest_id
+        if not owner_run and not self.own_retention and latest is not None:
+            recorded = self._registry.checkpoints[latest].record.num_retained
+            want = max(want, recorded or 0)
+        if want != self._registry.num_retained:
+            reg = self._registry
+            self._registry = SharedStateRegistry.rebuild(want, reg.checkpoints.values(),
+                                                         reg.pins)
 
     # --- registry access ----------------------------------------------------------------
 

@@ -24,6 +24,10 @@ def complete_pending(coordinator, up_to: int | None = None, run_id: str | None =
     again, so retention keeps the checkpoint before it too (see
     :meth:`~statebackend.coordinator.CheckpointCoordinator.try_complete`).
     """
+    if run_id is not None and not coordinator.owns(run_id):
+        # the run never held an epoch here (its tasks were refused): it completes, carries
+        # (publishes carried manifests) and deletes nothing in another query's location
+        return []
     done = []
     latest = coordinator.latest()
     if (latest is not None and up_to is not None and not latest.committed

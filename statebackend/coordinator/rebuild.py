@@ -11,14 +11,32 @@ import json
 from ..errors import CorruptStateError
 from ..model.manifest import (
     CHECKPOINTS_DIR,
+    LATEST_PATH,
     CompletedCheckpoint,
     PartitionManifest,
+    checkpoint_dir,
     completed_record_path,
+    latest_pointer,
 )
-from ..storage.records import missing_latest, read_latest_pointer, records_in
+from ..storage.records import (
+    METRICS_DIR,
+    missing_latest,
+    newest_completed,
+    newest_metrics,
+    records_in,
+)
 from .ownership import _Owner, log
 from .records import _PIN_NAME, PINS_DIR, WATERMARK_PATH
 from .registry import RegisteredCheckpoint, SharedStateRegistry, referenced_paths
+
+
+def damage_remedy(checkpoint_id: int) -> str:
+    """What to do about a damaged retained checkpoint (one wording for logs, errors and
+    the CLI)."""
+    return (f"checkpoint {checkpoint_id} is skipped: restoring it fails, the newest intact "
+            f"checkpoint restores, and garbage collection deletes nothing until it is "
+            f"repaired. Put the damaged file back from a backup, or give the checkpoint up "
+            f"by deleting its record {completed_record_path(checkpoint_id)}")
 
 
 class _RecordVanished(Exception):
@@ -50,9 +68,17 @@ class _Rebuild(_Owner):
         """
         with self._lock:
             listed = records_in(self._list(CHECKPOINTS_DIR))
-            records = {n: CompletedCheckpoint.from_json(self.store.get_bytes(self._abs(rel)),
-                                                        where=rel)
-                       for n, rel in listed.items()}
+            damaged: dict[int, CorruptStateError] = {}
+            records = {}
+            for n, rel in sorted(listed.items()):
+                try:
+                    records[n] = CompletedCheckpoint.from_json(
+                        self.store.get_bytes(self._abs(rel)), where=rel)
+                except CorruptStateError as exc:
+                    if n == max(listed):
+                        raise  # the newest state itself is damaged: nothing to skip to
+                    damaged[n] = exc  # an older one: reported and skipped
+            self._damaged = damaged
             pins = self._read_pins(records)
             # Retention depends only on ids and pins, so it is known before any manifest
             # is read; subsumed checkpoints may have lost manifests to a half-done deletion.
@@ -71,6 +97,8 @@ class _Rebuild(_Owner):
                 # listing: its deletions are consistent, so read the records again
                 return self._rebuild_again()
             self._registry = SharedStateRegistry.rebuild(self.num_retained, cps, pins)
+            self._retain_for(self._for_owner)
+            self._report_damage()
             self._watermark = self._read_watermark()
             self._published.clear()
             self._digests.clear()
@@ -106,19 +134,61 @@ class _Rebuild(_Owner):
     def _recover_latest_record(self) -> None:
         """A record newer than every record listed was completed and is gone (deleted
         by hand, lost): complete it again from its published manifests (the same choice,
-        so the same state), or refuse to go on from an older one (under the lock)."""
-        newest = read_latest_pointer(self.store, f"{self.operator_id}/")
+        so the same state), or refuse to go on from an older one (under the lock). A
+        pointer that does not parse, or that names a checkpoint of which nothing was ever
+        left, is damage to the pointer alone: rewritten from the newest record, with a
+        warning (degraded, not stuck; ``verify`` reports it until then)."""
         latest = self._registry.latest_id
+        try:
+            newest, evidence = newest_completed(self.store, f"{self.operator_id}/")
+        except CorruptStateError as exc:
+            done = newest_metrics(self.store, f"{self.operator_id}/")
+            if done is not None and done > (-1 if latest is None else latest):
+                raise missing_latest(done, f"{self.store.root}/{self.operator_id}",
+                                     evidence=f"its metrics {METRICS_DIR}/chk-{done}.jsonl "
+                                              f"were written") from exc
+            log.warning("operator %s: %s; writing it again from the newest record (%s)",
+                        self.operator_id, exc, latest)
+            self._rewrite_pointer()
+            return
         if newest is None or newest <= (-1 if latest is None else latest):
             return
         if self.store.exists(self._abs(completed_record_path(newest))):
             # written by another coordinator after our listing: read at the next rebuild
             return
+        published = bool(self._list(checkpoint_dir(newest)))
+        if not published and evidence.startswith(LATEST_PATH):
+            log.warning("operator %s: %s names checkpoint %d, of which nothing is stored; "
+                        "the pointer is damaged (or that checkpoint was lost with all its "
+                        "files). Going on from checkpoint %s and writing the pointer again",
+                        self.operator_id, LATEST_PATH, newest, latest)
+            self._rewrite_pointer()
+            return
         log.warning("operator %s: the record of checkpoint %d, the newest completed one, is "
                     "missing; completing it again from its manifests", self.operator_id,
                     newest)
-        if self._complete_locked(newest, committed=False) is None:
-            raise missing_latest(newest, f"{self.store.root}/{self.operator_id}")
+        if not published or self._complete_locked(newest, committed=False) is None:
+            raise missing_latest(newest, f"{self.store.root}/{self.operator_id}",
+                                 published=published, evidence=evidence)
+
+    def _rewrite_pointer(self) -> None:
+        latest = self._registry.latest_id
+        if latest is None:
+            self._delete([LATEST_PATH])
+            return
+        rec = self._registry.checkpoints[latest].record
+        self._check_owner()
+        self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
+            latest, rec.writer, self._history if rec.writer else None))
+
+    def _report_damage(self) -> None:
+        """One warning per set of damaged retained checkpoints (invariant 13)."""
+        key = frozenset((n, str(e)) for n, e in self._damaged.items())
+        if not key or key == self._damage_logged:
+            return
+        self._damage_logged = key
+        for n, exc in sorted(self._damaged.items()):
+            log.warning("operator %s: %s; %s", self.operator_id, exc, damage_remedy(n))
 
     def _load(self, record: CompletedCheckpoint, *, must_exist: bool,
               listed: dict[int, str]) -> RegisteredCheckpoint:
@@ -127,8 +197,15 @@ class _Rebuild(_Owner):
         raws = self.store.get_bytes_many([self._abs(rel) for _p, rel in items])
         for (p, rel), raw in zip(items, raws):
             if raw is not None:
-                m = PartitionManifest.from_json(raw, where=rel)
-                record.check_manifest(p, m, raw, rel)
+                try:
+                    m = PartitionManifest.from_json(raw, where=rel)
+                    record.check_manifest(p, m, raw, rel)
+                except CorruptStateError as exc:
+                    # degraded, not stuck: this checkpoint is skipped (restoring it fails
+                    # on the same check) and what it names is unknown, so garbage
+                    # collection deletes nothing until a repair
+                    self._damaged.setdefault(record.checkpoint_id, exc)
+                    continue
                 manifests.append(m)
             elif must_exist:
                 # Another coordinator of this operator (an earlier backend object of this
@@ -138,10 +215,10 @@ class _Rebuild(_Owner):
                 if (not self.store.exists(self._abs(record.path))
                         or records_in(self._list(CHECKPOINTS_DIR)) != listed):
                     raise _RecordVanished(record.checkpoint_id)
-                raise CorruptStateError(
+                self._damaged.setdefault(record.checkpoint_id, CorruptStateError(
                     f"retained checkpoint {record.checkpoint_id}: manifest {rel} of "
-                    f"partition {p} is missing; restore from another retained checkpoint",
-                    checkpoint_id=record.checkpoint_id, partition=p, path=rel)
+                    f"partition {p} is missing",
+                    checkpoint_id=record.checkpoint_id, partition=p, path=rel))
             # else: a subsumed checkpoint loses its manifests only after all its other
             # unreferenced files are deleted, so nothing is lost by not reading them.
         if len(manifests) == len(items):

@@ -32,6 +32,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import CorruptStateError, FormatVersionError, UnsafePathError
+from .latest import (  # noqa: F401 - re-exported: the pointer lives beside the records
+    LATEST_PATH,
+    LatestPointer,
+    WriterStamp,
+    _opt_str,
+    latest_pointer,
+    parse_latest,
+    parse_latest_pointer,
+)
 
 # Format of manifests and completed-checkpoint records. 2: the readers stopped accepting the
 # pre-release layouts that format 1 files may hold (records without manifest digests, state
@@ -79,23 +88,6 @@ def materialized_path(checkpoint_id: int, partition: int, attempt: str) -> str:
 
 def completed_record_path(checkpoint_id: int) -> str:
     return f"{CHECKPOINTS_DIR}/{checkpoint_dir(checkpoint_id)}.json"
-
-
-# The id of the newest completed checkpoint, written after its record: a record deleted
-# or lost afterwards is then missing, not silently replaced by the one before it.
-LATEST_PATH = f"{CHECKPOINTS_DIR}/LATEST.json"
-
-
-def latest_pointer(checkpoint_id: int) -> bytes:
-    return json.dumps({"checkpoint_id": checkpoint_id}).encode()
-
-
-def parse_latest_pointer(raw: bytes) -> int:
-    try:
-        return int(json.loads(raw)["checkpoint_id"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptStateError(f"{LATEST_PATH} is malformed ({exc}); it names the newest "
-                                f"completed checkpoint", path=LATEST_PATH) from exc
 
 
 def check_component(name: str) -> str:
@@ -382,6 +374,33 @@ class PartitionManifest:
             return self.materialization
         return MaterializationRef(self.checkpoint_id, self.attempt)
 
+    def foreign_changelogs(self) -> tuple[FileEntry, ...]:
+        """Changelogs that cannot belong to this partition's lineage.
+
+        A changelog is replayed onto the state of the partition that wrote it. After a
+        rescale a partition's lineage starts in the base partition's directories (its
+        snapshot and changelogs, clipped by the first changelog written here), so the
+        directories of the snapshot and of the changelogs, in order, are other partitions'
+        first and this partition's (``chk-<n>/p<p>/``) after: a changelog of another
+        partition after one of this partition's, or onto this partition's own snapshot,
+        is another partition's state (a manifest edited to list it).
+        """
+        own = f"p{self.partition}"
+
+        def part(f: FileEntry) -> str | None:
+            parts = f.path.split("/")
+            return parts[1] if len(parts) > 2 and parts[0].startswith("chk-") else None
+
+        seen_own = own in {part(f) for f in self.db_files}
+        bad = []
+        for f in self.changelog_files:
+            d = part(f)
+            if d == own:
+                seen_own = True
+            elif seen_own or d is None:
+                bad.append(f)
+        return tuple(bad)
+
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""
         return {f.name: f for f in self.db_files if f.shared}
@@ -451,6 +470,20 @@ class CompletedCheckpoint:
     # partition -> "<bytes>:crc32:<hex>" of the manifest chosen for it, as the coordinator
     # read it: a reader checks the manifest it gets against it (empty: not recorded)
     manifest_digests: Mapping[int, str] = field(default_factory=dict)
+    # the writer that completed it (statebackend.checkpoint.fencing): its epoch, query id
+    # and run id; None in records written without fencing or by older versions
+    writer_epoch: int | None = None
+    writer_query: str | None = None
+    writer_run: str | None = None
+    # the retention its writer applied: a coordinator acting for no run in particular
+    # (a planning, a manual call) never applies less to the owner's location
+    num_retained: int | None = None
+
+    @property
+    def writer(self) -> WriterStamp | None:
+        if self.writer_epoch is None:
+            return None
+        return WriterStamp(self.writer_epoch, self.writer_query, self.writer_run)
 
     def __post_init__(self) -> None:
         # the chosen manifests tile the key-group space: one per partition 0..P-1, each
@@ -512,6 +545,11 @@ class CompletedCheckpoint:
         d = asdict(self)
         d["manifests"] = {str(k): v for k, v in sorted(self.manifests.items())}
         d["manifest_digests"] = {str(k): v for k, v in sorted(self.manifest_digests.items())}
+        if self.writer_epoch is None:  # unfenced: the bytes older versions wrote
+            for k in ("writer_epoch", "writer_query", "writer_run"):
+                d.pop(k)
+        if self.num_retained is None:
+            d.pop("num_retained")
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -521,6 +559,11 @@ class CompletedCheckpoint:
             _check_format(d, "completed-checkpoint record", where)
             d["manifests"] = {int(k): check_relative(v) for k, v in d["manifests"].items()}
             d["manifest_digests"] = {int(k): str(v) for k, v in d["manifest_digests"].items()}
+            for k in ("writer_epoch", "num_retained"):
+                if d.get(k) is not None:
+                    d[k] = int(d[k])
+            for k in ("writer_query", "writer_run"):
+                d[k] = _opt_str(d.get(k))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
             raise

@@ -55,6 +55,10 @@ def check_location(url: Any, what: str = "checkpoint_location") -> str:
         raise OptionsError(what, None if not isinstance(url, str) else url,
                            f"{what} must be a non-empty path or fsspec URL, got "
                            f"{type(url).__name__ if not isinstance(url, str) else repr(url)}.")
+    if "\x00" in url:
+        raise OptionsError(what, redact_url(url.replace("\x00", "\\0")),
+                           f"{what} {redact_url(url.replace(chr(0), '<NUL>'))!r} holds a NUL "
+                           f"character, which no filesystem accepts in a path.")
     from fsspec.core import split_protocol
     from fsspec.registry import get_filesystem_class, known_implementations, registry
 
@@ -73,7 +77,18 @@ def check_location(url: Any, what: str = "checkpoint_location") -> str:
             raise OptionsError(what, redact_url(url),
                                f"{what} {redact_url(url)!r}: protocol {protocol!r} needs a "
                                f"package that is not installed ({exc}).") from None
+        if what == "checkpoint_location" and protocol in READ_ONLY_PROTOCOLS:
+            raise OptionsError(what, redact_url(url),
+                               f"{what} {redact_url(url)!r}: protocol {protocol!r} can only "
+                               f"read; checkpoints are written there. Use a writable store "
+                               f"(a local path, s3://, gs://, abfs://...); a {protocol}:// "
+                               f"URL can still be read from (from_savepoint=, the CLI).")
     return url
+
+
+#: fsspec protocols that cannot write (a checkpoint location must).
+READ_ONLY_PROTOCOLS = frozenset({"http", "https", "github", "git", "zip", "tar",
+                                 "libarchive", "reference"})
 
 
 

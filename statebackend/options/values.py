@@ -330,7 +330,31 @@ def _path(name: str, value: Any, spec: _Spec) -> str:
         bad = ", ".join(sorted(repr("{" + f + "}") for f in fields - set(PATH_PLACEHOLDERS)))
         raise _fail(name, value, spec, f"unknown placeholder {bad}; known: "
                     + ", ".join("{" + f + "}" for f in PATH_PLACEHOLDERS))
+    if "\x00" in value:
+        raise _fail(name, value.replace("\x00", "\\0"), spec,
+                    "a path cannot hold a NUL character")
+    if not fields:
+        why = _unwritable(value)
+        if why is not None:
+            raise _fail(name, value, spec, why)
     return value
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a local directory could not be created or written here, as far as this machine
+    can tell (None: it can, or the path does not exist here yet: executors create it)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
+    if not os.path.isdir(probe):
+        return f"{probe!r} is a file, not a directory"
+    if probe == path and not os.access(path, os.W_OK | os.X_OK):
+        return f"the directory {path!r} is not writable by this process"
+    return None
 
 
 _CHECKERS: dict[str, Callable[[str, Any, _Spec], Any]] = {

@@ -112,7 +112,13 @@ def _records(data: bytes) -> list[bytes]:
 
 def live_sst_numbers(data: bytes) -> set[int]:
     """Numbers of the table files live after replaying MANIFEST ``data``, across every
-    column family.
+    column family (see :func:`live_sst_sizes`)."""
+    return set(live_sst_sizes(data))
+
+
+def live_sst_sizes(data: bytes) -> dict[int, int]:
+    """Number -> size in bytes of the table files live after replaying MANIFEST ``data``,
+    across every column family: RocksDB checks these sizes when it opens the snapshot.
 
     Raises
     ------
@@ -120,6 +126,7 @@ def live_sst_numbers(data: bytes) -> set[int]:
         The content is not a MANIFEST this reader understands.
     """
     live: dict[int, set[tuple[int, int]]] = {}  # column family -> {(level, number)}
+    sizes: dict[int, int] = {}
     for rec in _records(data):
         r = _Reader(rec)
         cf = 0
@@ -147,7 +154,7 @@ def live_sst_numbers(data: bytes) -> set[int]:
                 number = r.varint() & 0x3FFFFFFFFFFFFFFF  # low bits: the file number
                 if tag == _NEW_FILE3:
                     r.varint()  # path id
-                r.varint()  # file size
+                sizes[number] = r.varint()  # file size
                 r.slice()  # smallest key
                 r.slice()  # largest key
                 if tag != _NEW_FILE:
@@ -164,4 +171,4 @@ def live_sst_numbers(data: bytes) -> set[int]:
                 r.slice()
             else:
                 raise ValueError(f"unknown VersionEdit field {tag}")
-    return {number for files in live.values() for _level, number in files}
+    return {number: sizes[number] for files in live.values() for _level, number in files}

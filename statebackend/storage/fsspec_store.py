@@ -25,7 +25,13 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..errors import StorageError, TransientStorageError, UnsafePathError
+from ..errors import (
+    ChecksumMismatchError,
+    OptionsError,
+    StorageError,
+    TransientStorageError,
+    UnsafePathError,
+)
 from ..model.manifest import check_relative
 from ..redact import redact_text, redact_url
 from .accounting import DEFAULT_PART_SIZE, AccountingFileSystem, RequestCounter, RequestCounts
@@ -332,12 +338,15 @@ class FsspecStore(DurableStore):
             os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
             try:
                 got_size, got_sum = self._stream_down(full, tmp)
+                # a whole read that differs from the record is a damaged file, not a
+                # transient failure: reading it again returns the same bytes
                 if size is not None and got_size != size:
-                    raise TransientStorageError(f"download of {path}: expected {size} bytes, "
-                                                f"got {got_size}")
+                    raise ChecksumMismatchError(f"download of {path}: expected {size} bytes, "
+                                                f"the stored file has {got_size}", path)
                 if checksum is not None and got_sum != checksum:
-                    raise TransientStorageError(f"download of {path}: expected {checksum}, "
-                                                f"got {got_sum}")
+                    raise ChecksumMismatchError(f"download of {path}: expected CRC32 "
+                                                f"{checksum}, the stored file has {got_sum}",
+                                                path)
                 os.replace(tmp, local_path)
                 return Transfer(path, got_size, got_sum)
             finally:
@@ -448,6 +457,11 @@ class FsspecStore(DurableStore):
                 found = self.fs.find(full)
             except FileNotFoundError:
                 return []
+            if not found and _find_hides_errors(self.fs):
+                try:  # raise what the empty answer hid; absent is a real empty answer
+                    self.fs.ls(full, detail=False)
+                except FileNotFoundError:
+                    return []
             out = []
             for f in found:
                 f = f if f.startswith("/") or not prefix.startswith("/") else "/" + f.lstrip("/")
@@ -548,9 +562,19 @@ def open_store(url: str, *, upload_threads: int = 4, download_threads: int = 4,
     FsspecStore
         A picklable store; paths given to it are relative to ``url``.
     """
+    if not isinstance(url, str) or not url.strip() or "\x00" in url:
+        raise OptionsError("url", None, f"a store needs a non-empty path or fsspec URL "
+                                        f"without NUL characters, got {redact_url(url)!r}")
     return FsspecStore(url, upload_threads=upload_threads, download_threads=download_threads,
                        retries=retries, storage_options=storage_options, backoff_s=backoff_s,
                        fs=fs, part_size=part_size, read_threads=read_threads)
+
+
+def _find_hides_errors(fs: fsspec.AbstractFileSystem) -> bool:
+    """fsspec's HTTP ``find`` answers "nothing" when the server cannot be reached: an
+    unreachable store would look empty ("no completed checkpoint")."""
+    protocol = _base_fs(fs).protocol
+    return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
 def _base_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:

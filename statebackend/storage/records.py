@@ -16,13 +16,17 @@ from ..model.manifest import (
     completed_record_path,
     parse_latest_pointer,
 )
+from ..redact import redact_text
 from .base import DurableStore
 from .manifests import operator_store, read_completed_record
 
 __all__ = [
     "completed_ids",
     "listed_records",
+    "METRICS_DIR",
     "missing_latest",
+    "newest_completed",
+    "newest_metrics",
     "read_latest_pointer",
     "read_latest_record",
     "records_in",
@@ -30,6 +34,10 @@ __all__ = [
 ]
 
 _RECORD_NAME = re.compile(r"^chk-(\d+)\.json$")
+# One file per completed checkpoint, written after its record (statebackend.metrics_store):
+# evidence that a checkpoint completed when its record is gone.
+METRICS_DIR = "_metrics"
+_METRICS_NAME = re.compile(r"^chk-(\d+)\.jsonl$")
 
 
 def records_in(names: Iterable[str]) -> dict[int, str]:
@@ -66,12 +74,12 @@ def read_latest_record(store: DurableStore, operator_id: str) -> CompletedCheckp
     """
     prefix = f"{check_component(operator_id)}/"
     listed = listed_records(store, operator_id)
-    newest = read_latest_pointer(store, prefix)
+    newest, evidence = newest_completed(store, prefix)
     if newest is not None and newest > max(listed, default=-1):
         # a coordinator may have written that record and the pointer after our listing
         listed = listed_records(store, operator_id)
         if newest not in listed:
-            raise missing_latest(newest, f"{store.root}/{operator_id}")
+            raise missing_latest(newest, f"{store.root}/{operator_id}", evidence=evidence)
     for _n, rel in sorted(listed.items(), reverse=True):
         try:
             return CompletedCheckpoint.from_json(store.get_bytes(prefix + rel), where=rel)
@@ -89,13 +97,49 @@ def read_latest_pointer(store: DurableStore, prefix: str) -> int | None:
         return None
 
 
-def missing_latest(checkpoint_id: int, where: str) -> CorruptStateError:
+def newest_metrics(store: DurableStore, prefix: str) -> int | None:
+    """The newest checkpoint with a metrics file (one listing of ``_metrics/``)."""
+    ids = [int(m.group(1)) for p in store.list_dir(prefix + METRICS_DIR)
+           for m in [_METRICS_NAME.match(p.rsplit("/", 1)[-1])] if m]
+    return max(ids, default=None)
+
+
+def newest_completed(store: DurableStore, prefix: str) -> tuple[int | None, str]:
+    """The newest checkpoint known to have completed, by ``LATEST.json`` or by the metrics
+    file written after each record, and which of them says so (a record deleted together
+    with the pointer rewritten to match is still found by its metrics)."""
+    pointer = read_latest_pointer(store, prefix)
+    metrics = newest_metrics(store, prefix)
+    if metrics is not None and (pointer is None or metrics >= pointer):  # the stronger
+        return metrics, f"its metrics {METRICS_DIR}/chk-{metrics}.jsonl were written"
+    return pointer, f"{LATEST_PATH} says so"
+
+
+def missing_latest(checkpoint_id: int, where: str, *, published: bool | None = None,
+                   evidence: str = f"{LATEST_PATH} says so") -> CorruptStateError:
+    """The error of a newest record gone (``published``: whether the checkpoint's files
+    were found, None: not looked)."""
     rel = completed_record_path(checkpoint_id)
+    if published is False:
+        how = (f"Nothing of checkpoint {checkpoint_id} is left to complete it from. Restore "
+               f"the record from a backup, or, to go on from the newest record left and "
+               f"lose the state after it, delete {LATEST_PATH} and the {METRICS_DIR}/ "
+               f"files of later checkpoints")
+    elif published:
+        how = (f"Its published manifests are incomplete or damaged. Restore the record (or "
+               f"the checkpoint's files) from a backup, or, to go on from the newest record "
+               f"left and lose the state after it, delete {LATEST_PATH} and the "
+               f"{METRICS_DIR}/ files of later checkpoints")
+    else:
+        how = (f"Restore the record from a backup; the query's next start completes it "
+               f"again from the checkpoint's manifests when they are all there. To go on "
+               f"from the newest record left and lose the state after it, delete "
+               f"{LATEST_PATH} and the {METRICS_DIR}/ files of later checkpoints")
     return CorruptStateError(
         f"{rel}: the record of checkpoint {checkpoint_id}, the newest completed one "
-        f"({LATEST_PATH} says so), is missing under {where}; older records would serve an "
-        f"older state. Restore the record from a backup, or let the query's next start "
-        f"rebuild it from the checkpoint's manifests", checkpoint_id=checkpoint_id, path=rel)
+        f"({evidence}), is missing under {redact_text(where)}; older records "
+        f"would serve an older state (a rollback). {how}", checkpoint_id=checkpoint_id,
+        path=rel)
 
 
 def require_completed_record(store: DurableStore, operator_id: str,

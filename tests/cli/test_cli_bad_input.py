@@ -164,3 +164,43 @@ def test_the_console_script_prints_no_traceback(argv, code):
 
 def test_built_fixture_is_sane(built: Built):
     assert os.path.isdir(os.path.join(built.url, built.operator, "_checkpoints"))
+
+
+# --- issue 34: each edge exits with the code of what it is ---------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["verify", "{url}", "../x"],
+    ["describe", "{url}", "op/../x"],
+    ["savepoint", "{url}", "op", "--name", "../sp"],
+    ["migrate-savepoint", "{url}", "op", "../sp", "sp2", "--max-parallelism", "64"],
+])
+def test_an_unsafe_name_is_bad_usage_not_a_storage_error(capsys, built, argv):
+    code, _, err = run(capsys, *[a.format(url=built.url) for a in argv])
+    assert code == 2 and "unsafe path component" in err, err
+
+
+def test_an_unknown_key_type_is_bad_usage(capsys, built):
+    code, _, err = run(capsys, "read", built.url, "op", "-o", "-", "--format", "csv",
+                       "--key-types", "string,nosuch")
+    assert code == 2 and "nosuch" in err
+
+
+def test_key_types_other_than_the_recorded_ones_are_bad_usage_not_corruption(
+        capsys, streaming_run, tmp_path):
+    # the streaming run records its grouping-key types (string)
+    code, _, err = run(capsys, "read", streaming_run.state_dir, streaming_run.operator,
+                       "-o", str(tmp_path / "x.csv"), "--key-types", "int,int")
+    assert code == 2 and "does not match" in err and "string" in err, err
+    # the same types as recorded are fine
+    code, _, err = run(capsys, "read", streaming_run.state_dir, streaming_run.operator,
+                       "-o", str(tmp_path / "y.csv"), "--key-types", "string")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("command", ["list", "describe", "verify", "gc"])
+def test_an_unreachable_http_store_is_a_storage_error_not_an_empty_one(capsys, command):
+    url = "http://127.0.0.1:9/state"  # the discard port: nothing listens
+    code, _, err = run(capsys, command, *required(command, url, "op"))
+    assert code == 4, err
+    assert "no completed checkpoint" not in err and "no statebackend state" not in err

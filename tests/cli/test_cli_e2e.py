@@ -119,10 +119,11 @@ def test_gc_dry_run_matches_what_the_coordinator_deletes(streaming_run, tmp_path
     assert files_under(url) == before, "a dry run changed the store"
     assert plan["checkpoints"] == list(range(BATCHES - 2))
     assert plan["files"], "retention of 2 out of 5 checkpoints frees files"
-    # the coordinator itself, as a driver with num_retained=2 would run it
+    # the coordinator itself, applying num_retained=2 as the gc command does (a driver
+    # acting for no run in particular keeps the owner's recorded retention instead)
     store = open_store(url)
     CheckpointCoordinator(store, OPERATOR, parallelism=2, max_parallelism=128,
-                          num_retained=2).close()
+                          num_retained=2, own_retention=True).close()
     deleted = before - files_under(url)
     assert deleted == set(plan["files"])
     # what is left still verifies, and a second dry run finds nothing more

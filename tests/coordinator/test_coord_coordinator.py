@@ -323,8 +323,12 @@ def test_retained_manifest_missing_at_rebuild_is_reported(store: DurableStore) -
     m = q.attempt(0, "a", ssts("1"), None)
     q.coord.try_complete(0)
     store.delete([f"{OP}/{m.path}"])
-    with pytest.raises(CorruptStateError, match="restore from another"):
-        q.open()
+    # degraded, not stuck: the coordinator opens and reports it; restoring it fails
+    coord = q.open()
+    assert set(coord.damaged) == {0} and coord.damaged[0].path == m.path
+    with pytest.raises(CorruptStateError, match="missing") as bad:
+        coord.restore()
+    assert bad.value.path == m.path
 
 
 @pytest.mark.parametrize("record_left", [False, True])
@@ -424,9 +428,13 @@ def test_rebuild_passes_over_a_kept_predecessor_that_lost_its_manifest(
     store.delete([f"{OP}/{m0.path}"])
     fresh = q.open()
     assert fresh.restore().manifests == {0: m1}
-    with pytest.raises(CorruptStateError, match="restore from another"):
-        store.delete([f"{OP}/{m1.path}"])
-        q.open()  # the latest itself missing is corruption, as before
+    store.delete([f"{OP}/{m1.path}"])
+    # the latest itself missing is corruption, reported by the coordinator and refused by
+    # a restore, as before (but the coordinator opens: degraded, not stuck)
+    damaged = q.open()
+    assert set(damaged.damaged) == {1}
+    with pytest.raises(CorruptStateError, match="missing"):
+        damaged.restore()
 
 
 def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> None:
@@ -443,7 +451,9 @@ def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> Non
     q.coord = q.open(counting)
     allowed = ({f"{OP}/chk-{n}" for n in range(6)} | {f"{OP}/chk-{n}/p{p}" for n in range(6)
                                                       for p in range(2)}
-               | {f"{OP}/_checkpoints", f"{OP}/_pins", f"{OP}/_writers"})
+               # _metrics/: a rebuild's evidence that no newer checkpoint completed
+               # (one listing of at most METRICS_KEPT files)
+               | {f"{OP}/_checkpoints", f"{OP}/_pins", f"{OP}/_writers", f"{OP}/_metrics"})
     assert set(counting.listed) <= allowed
     # Each directory is swept a bounded number of times, not once per collection.
     assert max(counting.listed.count(f"{OP}/chk-{n}") for n in range(6)) <= 3

@@ -290,3 +290,113 @@ def test_fencing_off_never_claims_checks_or_stamps(store: DurableStore, tmp_path
     w = Writer(store, tmp_path, "run-b")
     w.task(0, rows(0))
     assert coord.try_complete(0, run_id="run-a") is not None  # run-a is fenced, unchecked
+
+
+# --- fencing that survives damage to its own files ----------------------------------------
+
+
+def three_runs(store: DurableStore, tmp: Path) -> tuple[Writer, Writer, Writer]:
+    """Runs a, b, c of one query take epochs 1, 2, 3 and complete two batches each."""
+    runs = []
+    for i, run in enumerate(("run-a", "run-b", "run-c")):
+        w = Writer(store, tmp, run)
+        for n in (2 * i, 2 * i + 1):
+            w.task(n, rows(n))
+            assert w.complete(n) is not None
+        runs.append(w)
+    return runs[0], runs[1], runs[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lost", [[3], [2], [1, 2, 3]], ids=["newest", "middle", "all"])
+def test_losing_epoch_files_never_lets_a_fenced_run_win(
+        store: DurableStore, tmp_path: Path, lost: list[int]) -> None:
+    a, b, c = three_runs(store, tmp_path)
+    ostore = store.child(OP)
+    # a lifecycle rule, a cleanup script, a partial copy: epoch files are gone
+    store.delete([f"{OP}/_writers/epoch-{k:012d}.json" for k in lost])
+    files = all_files(store)
+    for zombie, epoch in ((a, 1), (b, 2)):
+        with pytest.raises(WriterFencedError, match="run-c"):
+            claim(ostore, QUERY, zombie.run)  # a new worker of the zombie
+        with pytest.raises(WriterFencedError):
+            check_owner(ostore, epoch)  # a worker that claimed before
+        with pytest.raises(WriterFencedError):
+            zombie.task(6, rows(6))
+        with pytest.raises(WriterFencedError):
+            zombie.complete(6)
+        assert all_files(store) == files, "a fenced run changed the location"
+    # the owner runs on (writing its own epoch file again when it was lost)
+    c.task(6, rows(6))
+    assert c.complete(6) is not None
+    assert 3 in list_epochs(ostore)
+    assert state_of(store, tmp_path, 6) == {k: v for n in range(7) for k, v in rows(n).items()}
+    assert referenced_files_exist(store) == []
+    # a restart takes an epoch above every one seen, and the zombies stay fenced
+    assert claim(ostore, QUERY, "run-d").epoch == 4
+    for zombie in (a, b, c):
+        with pytest.raises(WriterFencedError, match="run-d"):
+            claim(ostore, QUERY, zombie.run)
+
+
+def test_a_claim_never_reuses_an_epoch_the_records_name(store: DurableStore,
+                                                          tmp_path: Path) -> None:
+    a = Writer(store, tmp_path, "run-a")
+    b = Writer(store, tmp_path, "run-b")
+    claim(store.child(OP), QUERY, "run-a")
+    b.task(0, rows(0))  # takes epoch 2
+    assert b.complete(0).writer_epoch == 2
+    store.delete([f"{OP}/_writers/epoch-{k:012d}.json" for k in (1, 2)])
+    assert claim(store.child(OP), QUERY, "run-c").epoch == 3
+    with pytest.raises(WriterFencedError):
+        a.task(1, rows(1))
+
+
+def test_another_query_is_refused_and_changes_nothing_without_writer_files(
+        store: DurableStore, tmp_path: Path) -> None:
+    a = Writer(store, tmp_path, "run-a")  # keeps 2
+    for n in range(3):
+        a.task(n, rows(n))
+        a.complete(n)
+    a.task(3, rows(3))  # published, its completion still to come
+    store.delete([f"{OP}/_writers/epoch-{1:012d}.json"])
+    files = all_files(store)
+    # the other query's backend: its coordinator keeps 1, and is made before its tasks run
+    other = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
+    assert all_files(store) == files  # constructing it deleted nothing of the owner's
+    with pytest.raises(StateLocationInUseError, match=QUERY):
+        Writer(store, tmp_path, "run-x", query="query-2").task(3, rows(3))
+    # its listener completes for its run, whose tasks were refused: nothing happens, not
+    # even the carrier's carry-over (it would publish manifests)
+    from statebackend.coordinator.pending import complete_pending
+
+    carried: list[int] = []
+    other.carry = lambda coord, n: carried.append(n) or [0]
+    assert complete_pending(other, up_to=4, run_id="run-x") == [] and carried == []
+    assert other.try_complete(3, run_id="run-x") is None
+    other.collect_garbage()
+    assert all_files(store) == files
+    # a completion for no run in particular (its planning) is the owner's choice, under
+    # the owner's retention, never the other query's smaller one
+    assert other.try_complete(3) is not None
+    kept = CheckpointCoordinator(store, OP, 1, 8, num_retained=2, fencing=False)
+    assert [i.checkpoint_id for i in kept.list_completed()] == [2, 3]
+    assert referenced_files_exist(store) == []
+    a.task(4, rows(4))
+    assert a.complete(4) is not None
+    assert state_of(store, tmp_path, 4) == {k: v for n in range(5) for k, v in rows(n).items()}
+
+
+def test_credentials_in_the_location_are_redacted_in_refusals(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.chdir(tmp_path)  # file://user:pw@/... roots resolve under the working dir
+    for url in ("memory://user:s3cr3t@host/loc", "file://user:s3cr3t@/loc"):
+        ostore = open_store(f"{url}-{uuid.uuid4().hex[:6]}").child(OP)
+        claim(ostore, QUERY, "run-a")
+        claim(ostore, QUERY, "run-b")
+        for fn, args in ((claim, ("query-2", "run-x")), (claim, (QUERY, "run-a")),
+                         (check_owner, (1,))):
+            with pytest.raises((StateLocationInUseError, WriterFencedError)) as exc:
+                fn(ostore, *args)
+            assert "s3cr3t" not in str(exc.value) and "user:***@" in str(exc.value)

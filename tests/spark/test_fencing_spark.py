@@ -96,3 +96,52 @@ def test_a_restart_of_the_same_query_takes_the_location_over(spark, tmp_path):
     assert newest.run_id == str(again.runId) != str(first.runId)
     check_batches(out, running_counts(data)[0])
     assert os.path.isdir(os.path.join(state, OP, "_writers"))
+
+
+def test_without_writer_files_a_second_query_is_refused_by_the_records_and_deletes_nothing(
+        spark, tmp_path):
+    """Issue 34: ``_writers/`` lost (a lifecycle rule, a partial copy) while the owner runs;
+    another query (keeping fewer checkpoints) is refused by what the records say, its
+    coordinator completes and deletes nothing, and the owner runs on exactly once."""
+    import shutil
+
+    from statebackend.storage.records import completed_ids
+    from statebackend.verify import verify_checkpoints
+
+    state = str(tmp_path / "state")
+    data = random_batches(4, 41, rows=40, keys=8)
+    in_a, in_b = str(tmp_path / "in-a"), str(tmp_path / "in-b")
+    write_batches(in_a, data[:2])
+    write_batches(in_b, data[:1])
+    out_a: dict[int, pd.DataFrame] = {}
+    owner_backend = backend(state, str(tmp_path / "local-a"))
+    a = query(spark, owner_backend, in_a, str(tmp_path / "ck-a"), out_a, "owner34")
+    ostore = open_store(state).child(OP)
+    try:
+        a.processAllAvailable()
+        owner_backend.complete(OP, up_to=1)  # the listener's work, done now, not racing
+        assert completed_ids(ostore) == [0, 1]
+        shutil.rmtree(os.path.join(state, OP, "_writers"))
+        intruder = RocksDBStateBackend(state, StateBackendOptions(
+            parallelism=2, num_retained=1, local_dir=str(tmp_path / "local-b")))
+        out_b: dict[int, pd.DataFrame] = {}
+        b = query(spark, intruder, in_b, str(tmp_path / "ck-b"), out_b, "intruder34",
+                  available_now=True)
+        with pytest.raises(Exception, match="StateLocationInUseError") as info:
+            b.awaitTermination()
+        assert str(a.id) in str(info.value)
+        assert out_b == {}
+        assert list_epochs(ostore) == []  # it took no epoch
+        # its coordinator kept the owner's retention (3), not its own (1)
+        intruder.complete(OP)
+        assert completed_ids(ostore) == [0, 1]
+        problems, _, _ = verify_checkpoints(open_store(state), OP)
+        assert [p for p in problems if not p.path.startswith("_writers/")] == []
+        # the owner runs on, exactly once (its tasks write their epoch file again)
+        write_batches(in_a, data[2:], start=2)
+        a.processAllAvailable()
+        assert a.isActive
+    finally:
+        a.stop()
+    check_batches(out_a, running_counts(data)[0])
+    assert list_epochs(ostore) == [1]

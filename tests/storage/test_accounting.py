@@ -237,8 +237,9 @@ def test_completion_reads_one_manifest_per_partition_and_lists_once(tmp_path: Pa
             # retention dropped checkpoint n-1: its files are found from its record and go
             # in bulk deletes (the sweep's, data files, manifests, record and pin: 4,
             # whatever the parallelism); the one listing is the sweep of chk-<n-1>/
-            # (failed attempts), and nothing is read
-            assert (gc.delete, gc.list, gc.get) == (4, 1, 0)
+            # (failed attempts); the ownership proofs before the completion and before the
+            # collection are a listing of _writers/ and a read of LATEST.json each
+            assert (gc.delete, gc.list, gc.get) == (4, 1 + 2, 2)
         assert len(coord.chosen_manifests(n)) == P
     assert not store.exists("op1/chk-1/p0/dead/9.sst")
     coord.close()

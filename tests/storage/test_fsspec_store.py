@@ -130,3 +130,23 @@ def test_list_dir_hides_local_temp_files(tmp_path: Path) -> None:
     s.put_bytes_atomic("c/f", b"1")
     (tmp_path / "d" / "c" / ".tmp-abc").write_bytes(b"partial")
     assert s.list_dir("c") == ["c/f"]
+
+
+def test_a_checksum_mismatch_is_corruption_read_once_not_retried(tmp_path) -> None:
+    from statebackend.errors import ChecksumMismatchError
+
+    store = open_store(str(tmp_path / "s"), retries=3, backoff_s=0.0)
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 1000)
+    t = store.put_file(str(src), "a/f")
+    full = tmp_path / "s" / "a" / "f"
+    full.write_bytes(b"y" * 1000)  # the same size, other bytes
+    before = store.request_counts()
+    with pytest.raises(ChecksumMismatchError, match="CRC32") as bad:
+        store.get_file("a/f", str(tmp_path / "out"), size=t.size, checksum=t.checksum)
+    assert bad.value.path == "a/f"
+    reads = store.request_counts() - before
+    assert reads.get == 1, "a damaged file was read again as if the failure were transient"
+    full.write_bytes(b"y" * 10)
+    with pytest.raises(ChecksumMismatchError, match="1000 bytes"):
+        store.get_file("a/f", str(tmp_path / "out"), size=t.size, checksum=t.checksum)
