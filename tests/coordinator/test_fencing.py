@@ -371,8 +371,9 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
     from statebackend.coordinator.pending import complete_pending
 
     carried: list[int] = []
-    other.carry = lambda coord, n: carried.append(n) or [0]
-    assert complete_pending(other, up_to=4, run_id="run-x") == [] and carried == []
+    assert complete_pending(other, up_to=4, run_id="run-x",
+                            carry=lambda coord, n: carried.append(n) or [0]) == []
+    assert carried == []
     assert other.try_complete(3, run_id="run-x") is None
     other.collect_garbage()
     assert all_files(store) == files
