@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +26,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# pyspark's test mode: the local Connect server takes an ephemeral port and the client asks
+# it which (otherwise both use 15002, and a second run on the machine, another test suite
+# or the demo, would connect to the first one's server)
+os.environ["SPARK_TESTING"] = "1"
 
 import pandas as pd  # noqa: E402
 
@@ -170,11 +175,21 @@ def restart_and_feed(spark, work: str) -> None:
     from statebackend.spark.progress import progress_metrics
 
     observed = [progress_metrics(p, be.observation_name("rc")) for p in q.recentProgress]
+    # the session's listener completes the last micro-batch's checkpoint by itself (its
+    # progress event reaches the client on Connect's listener stream)
+    waited = time.monotonic()
+    while time.monotonic() - waited < 60:
+        latest = be.coordinator("rc").latest()
+        if latest is not None and latest.checkpoint_id == 4:
+            break
+        time.sleep(0.1)
+    by_listener = latest.checkpoint_id if latest is not None else None
     be.complete("rc")
     retained = sorted(c.checkpoint_id for c in be.coordinator("rc").list_completed())
     changes = be.read_changes(spark, "rc", retained[0], retained[-1]).toPandas()
     sp = be.savepoint("rc", "sp")
     _json(out, "meta.json", {"state": be.checkpoint_location, "retained": retained,
+                             "by_listener": by_listener,
                              "latest": be.coordinator("rc").latest().checkpoint_id,
                              "observed": [None if o is None else {k: o.get(k) for k in
                                           ("rows", "partitions", "input_rows", "bytes_uploaded")}

@@ -136,6 +136,8 @@ def test_exactly_once_restart_change_feed_savepoint_and_progress_on_connect(spar
     check_batches(_batches(out / "batches"), running_counts(data)[0])
     meta = json.loads((out / "meta.json").read_text())
     assert meta["latest"] == 4 and len(meta["retained"]) >= 2
+    # completed by the session's listener, without a call to complete()
+    assert meta["by_listener"] == 4
     # the backend's metrics were in Spark's progress under the observation name
     assert meta["observed"] and all(o is not None and o["rows"] > 0 and o["partitions"] == 2
                                     and o["input_rows"] > 0 for o in meta["observed"])
@@ -181,7 +183,8 @@ def test_demo_on_a_connect_session(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "statebackend.demo", "--remote", "local[2]",
          "--dir", str(tmp_path / "demo"), "--batches", "3", "--events", "600", "--keys", "80"],
-        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        env={**os.environ, "SPARK_TESTING": "1"})  # a free port (see connect_job.py)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "totals match" in proc.stdout
     assert [line.split("|")[0].strip() for line in proc.stdout.splitlines()
