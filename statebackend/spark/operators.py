@@ -21,7 +21,7 @@ from ..errors import IncompatibleStateError, OptionsError
 from ..model.manifest import check_component
 from ..options import StateBackendOptions
 from ..state.value import MAX_BLOCKS, is_block_count
-from ..task.context import OperatorConfig, SavepointSource, group_by_key
+from ..task.context import OperatorConfig, SavepointSource
 from ..task.group_state import check_timeout_conf, declare_group_states, run_group_function
 from ..task.processor import run_processor
 from ..task.vector import column_state_declaration, vector_process
@@ -177,17 +177,21 @@ def transform_with_state(driver: Driver, grouped_data: Any, processor: Any, outp
     # schemas the stored state cannot evolve to fail here, before any task runs
     check_against_latest(driver.coordinator(op_id), processor_declarations(processor, mode))
     as_rows = flavour == "row"
-    initial_pdf_holder: dict[str, Any] = {}
+    staged = None
     if initial_state is not None:
-        # first-batch initial state: collected once on the driver
-        init_df, init_keys = grouping_columns(initial_state)
-        initial_pdf_holder["pdf"] = init_df.toPandas()
-        initial_pdf_holder["keys"] = init_keys
+        # routed to our partitions by key group and staged by executors: never collected
+        # here; applied by the partitions' tasks of the query's first run
+        from .initial_state import stage_initial_state
+
+        staged = stage_initial_state(initial_state, config,
+                                     has_state=driver.coordinator(op_id).latest() is not None)
 
     def process(backend, groups, ctx, decode):
         initial = None
-        if "pdf" in initial_pdf_holder and ctx.first:
-            initial = _initial_groups(initial_pdf_holder, config, ctx.partition)
+        if staged is not None and ctx.first:
+            from ..task.initial_state import initial_groups, operator_root
+
+            initial = initial_groups(operator_root(config), staged, config, ctx.partition)
         return run_processor(processor, backend, groups, ctx, mode, decode,
                              as_rows=as_rows, initial=initial)
 
@@ -314,23 +318,3 @@ def struct_of(spark: Any, schema: Any) -> Any:
     if isinstance(schema, StructType):
         return schema
     return spark.createDataFrame([], schema).schema
-
-
-def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
-    import numpy as np
-
-    from ..keys.groups import key_groups
-    from ..keys.ranges import partition_for_key_group
-
-    pdf = holder["pdf"]
-    keys = holder["keys"]
-    if not len(pdf):
-        return None
-    cols = [pdf[c].to_numpy() for c in keys]
-    kg = key_groups(cols, list(config.key.types), config.max_parallelism)
-    owner = partition_for_key_group(np.asarray(kg), config.parallelism, config.max_parallelism)
-    mask = np.asarray(owner) == partition
-    if not mask.any():
-        return None
-    sub = pdf[mask].rename(columns=dict(zip(keys, config.key.columns)))
-    return group_by_key(sub, config.key, np.asarray(kg)[mask])
