@@ -29,8 +29,11 @@ def _batch(keys: list[str]) -> pd.DataFrame:
 
 @pytest.fixture
 def backend(tmp_path) -> RocksDBStateBackend:
-    return RocksDBStateBackend(str(tmp_path / "state"),
-                               StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local")))
+    # the shuffle plan runs every partition in every micro-batch, as Spark applies the
+    # initial state of every key in batch 0; under the carrier a partition without input
+    # applies its share at its first run (README "Known differences")
+    return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
+        parallelism=2, local_dir=str(tmp_path / "local"), placement="shuffle"))
 
 
 def _init(spark):
