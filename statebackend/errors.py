@@ -130,6 +130,43 @@ class SchemaEvolutionError(SchemaError):
         self.change = change
 
 
+# --- event time ------------------------------------------------------------------
+
+
+class LateOutputError(StateBackendError, RuntimeError):
+    """An operator chained on ``eventTimeColumnName`` emitted a row at or before the
+    watermark for late events, which the stateful operators after it would drop or
+    miscount. The message starts with Spark's error condition
+    (``EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED``) and text, as Spark's query fails
+    with it when its own operator emits such a row.
+
+    Attributes
+    ----------
+    column : str
+        The event-time column of the output.
+    event_time_us : int
+        The row's event time (microseconds since the epoch, as Spark reports it).
+    watermark_ms : int
+        The watermark it was compared with (milliseconds since the epoch).
+    """
+
+    CONDITION = "EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED"
+
+    def __init__(self, column: str, event_time_us: int, watermark_ms: int, where: str) -> None:
+        super().__init__(
+            f"[{self.CONDITION}] Previous node emitted a row with eventTime={event_time_us} "
+            f"which is older than current_watermark_value={watermark_ms}\n"
+            f"This can lead to correctness issues in the stateful operators downstream in "
+            f"the execution pipeline.\n"
+            f"Please correct the operator logic to emit rows after current global watermark "
+            f"value. SQLSTATE: 42815 (statebackend: {where} emitted {column}={event_time_us} "
+            f"us, at or before the watermark {watermark_ms} ms of the previous micro-batch; "
+            f"emit rows whose {column!r} is later than the watermark the processor sees)")
+        self.column = column
+        self.event_time_us = event_time_us
+        self.watermark_ms = watermark_ms
+
+
 # --- storage and checkpoints -------------------------------------------------------
 
 

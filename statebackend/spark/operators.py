@@ -21,7 +21,7 @@ from ..errors import IncompatibleStateError, OptionsError
 from ..model.manifest import check_component
 from ..options import StateBackendOptions
 from ..state.value import MAX_BLOCKS, is_block_count
-from ..task.context import OperatorConfig, SavepointSource, group_by_key
+from ..task.context import OperatorConfig, SavepointSource
 from ..task.group_state import check_timeout_conf, declare_group_states, run_group_function
 from ..task.processor import run_processor
 from ..task.vector import column_state_declaration, vector_process
@@ -72,10 +72,13 @@ class ReadMode:
 
 
 def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, schema: Any,
-                 output_mode: str | None, mode: ReadMode) -> OperatorConfig:
+                 output_mode: str | None, mode: ReadMode,
+                 event_time_column: tuple[str, int] | None = None) -> OperatorConfig:
     """The operator's configuration, every field decided here: options, layout checks
     against the stored state, completion of what the previous run left, the run identity
-    of a batch job, the watermark, the plan (shuffle or carrier) and the metrics row."""
+    of a batch job, the watermark, the plan (shuffle or carrier) and the metrics row.
+    ``event_time_column``: the output's event time (``eventTimeColumnName``), checked
+    by :func:`event_time_column_of`."""
     check_component(operator_id)
     spark = session_of(df)
     check_session(spark)
@@ -109,6 +112,14 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
         log.warning("operator %s: state has parallelism %d, query asks for %d",
                     operator_id, latest.parallelism, parallelism)
     carrier = uses_carrier(df, opts, output_mode)
+    if carrier and event_time_column is not None:
+        # the carrier is a Spark applyInPandasWithState, which Spark refuses before
+        # another stateful operator when it has an event-time timeout (its check for
+        # rows late downstream), and whose output watermark is its own: the output's
+        # event time keeps the shuffle plan
+        log.info("operator %s: eventTimeColumnName set, using the shuffle plan instead of "
+                 "placement='carrier'", operator_id)
+        carrier = False
     progress = streaming and opts.progress_metrics
     config = OperatorConfig(
         operator_id=operator_id, checkpoint_location=driver.checkpoint_location,
@@ -118,7 +129,7 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
         ticks=mode.ticks, drop_late=mode.drop_late, per_key=mode.per_key,
         frame_rows=mode.frame_rows, from_savepoint=driver.savepoint_source(operator_id),
         progress_columns=metrics_row_values(schema) if progress else None,
-        timers=mode.timers, carrier=carrier)
+        timers=mode.timers, carrier=carrier, event_time_column=event_time_column)
     driver.attach(spark, config)
     return config
 
@@ -158,24 +169,30 @@ def transform_with_state(driver: Driver, grouped_data: Any, processor: Any, outp
     df, keys = grouping_columns(grouped_data)
     op_id = operator_id or default_operator_id(processor)
     schema = struct_of(session_of(df), output_type)
+    event_time = event_time_column_of(df, schema, event_time_column)
     # as Spark: in event-time mode input at or before the watermark for late events never
     # reaches the processor; the carrier keeps partitions with timers running
     config = build_config(driver, df, keys, op_id, schema, output_mode,
-                          ReadMode(ticks=ticks, drop_late=mode == "EventTime", timers=mode))
+                          ReadMode(ticks=ticks, drop_late=mode == "EventTime", timers=mode),
+                          event_time)
     # schemas the stored state cannot evolve to fail here, before any task runs
     check_against_latest(driver.coordinator(op_id), processor_declarations(processor, mode))
     as_rows = flavour == "row"
-    initial_pdf_holder: dict[str, Any] = {}
+    staged = None
     if initial_state is not None:
-        # first-batch initial state: collected once on the driver
-        init_df, init_keys = grouping_columns(initial_state)
-        initial_pdf_holder["pdf"] = init_df.toPandas()
-        initial_pdf_holder["keys"] = init_keys
+        # routed to our partitions by key group and staged by executors: never collected
+        # here; applied by the partitions' tasks of the query's first run
+        from .initial_state import stage_initial_state
+
+        staged = stage_initial_state(initial_state, config,
+                                     has_state=driver.coordinator(op_id).latest() is not None)
 
     def process(backend, groups, ctx, decode):
         initial = None
-        if "pdf" in initial_pdf_holder and ctx.first:
-            initial = _initial_groups(initial_pdf_holder, config, ctx.partition)
+        if staged is not None and ctx.first:
+            from ..task.initial_state import initial_groups, operator_root
+
+            initial = initial_groups(operator_root(config), staged, config, ctx.partition)
         return run_processor(processor, backend, groups, ctx, mode, decode,
                              as_rows=as_rows, initial=initial)
 
@@ -188,7 +205,12 @@ def transform_with_state(driver: Driver, grouped_data: Any, processor: Any, outp
             rows = row_process(backend, groups, ctx, decode)
             return [pd.DataFrame([tuple(r) for r in rows], columns=names)] if rows else []
 
-    return _plan(driver, df, config, process, schema, output_mode)
+    out = _plan(driver, df, config, process, schema, output_mode)
+    if event_time is None:
+        return out
+    # as Spark's: the stateful operators after ours apply the query's watermark to it
+    assert config.watermark is not None  # event_time_column_of checked it
+    return plan.with_event_time(out, event_time[0], config.watermark[1])
 
 
 def apply_in_pandas_with_state(driver: Driver, grouped_data: Any, func: Callable,
@@ -249,6 +271,39 @@ def check_output_mode(mode: str) -> None:
                            "outputMode must be 'Update', 'Append' or 'Complete'")
 
 
+_NO_WATERMARK = ("[CANNOT_ASSIGN_EVENT_TIME_COLUMN_WITHOUT_WATERMARK] Watermark needs to be "
+                 "defined to reassign event time column. Failed to find watermark definition "
+                 "in the streaming query. SQLSTATE: 42611")
+_TIMESTAMP_TYPES = ("TimestampType", "TimestampNTZType")
+
+
+def event_time_column_of(df: Any, schema: Any, name: str | None) -> tuple[str, int] | None:
+    """``(name, position)`` in the output ``schema`` of ``eventTimeColumnName``, None when
+    it is not set; refused as Spark refuses it (no ``withWatermark`` upstream, which a
+    batch DataFrame never has, or no such output column), and when the column is not a
+    timestamp (its values are compared with the watermark)."""
+    if not name:
+        return None
+    if not df.isStreaming or watermark_of(df) is None:
+        raise OptionsError("eventTimeColumnName", name, f"{_NO_WATERMARK} (statebackend: "
+                           f"eventTimeColumnName={name!r} needs a streaming input with "
+                           f"df.withWatermark(column, delay) before groupBy)")
+    names = schema.fieldNames()
+    if name not in names:
+        raise OptionsError("eventTimeColumnName", name,
+                           f"eventTimeColumnName={name!r} is not a column of the output "
+                           f"schema {names}: name the output column holding each row's "
+                           f"event time")
+    position = names.index(name)
+    kind = type(schema.fields[position].dataType).__name__
+    if kind not in _TIMESTAMP_TYPES:
+        raise OptionsError("eventTimeColumnName", name,
+                           f"eventTimeColumnName={name!r} is a {kind} column; expected a "
+                           f"TIMESTAMP (or TIMESTAMP_NTZ) column of the output schema, "
+                           f"whose values are compared with the watermark")
+    return name, position
+
+
 def default_operator_id(obj: Any) -> str:
     from pyspark.sql.streaming import StatefulProcessor
 
@@ -264,23 +319,3 @@ def struct_of(spark: Any, schema: Any) -> Any:
     if isinstance(schema, StructType):
         return schema
     return spark.createDataFrame([], schema).schema
-
-
-def _initial_groups(holder: dict, config: OperatorConfig, partition: int):
-    import numpy as np
-
-    from ..keys.groups import key_groups
-    from ..keys.ranges import partition_for_key_group
-
-    pdf = holder["pdf"]
-    keys = holder["keys"]
-    if not len(pdf):
-        return None
-    cols = [pdf[c].to_numpy() for c in keys]
-    kg = key_groups(cols, list(config.key.types), config.max_parallelism)
-    owner = partition_for_key_group(np.asarray(kg), config.parallelism, config.max_parallelism)
-    mask = np.asarray(owner) == partition
-    if not mask.any():
-        return None
-    sub = pdf[mask].rename(columns=dict(zip(keys, config.key.columns)))
-    return group_by_key(sub, config.key, np.asarray(kg)[mask])

@@ -68,3 +68,22 @@ def with_ticks(df: DataFrame) -> DataFrame:
              .select(F.lit(True).alias(TICK_COL)))
     return (df.withColumn(TICK_COL, F.lit(False))
               .unionByName(ticks, allowMissingColumns=True))
+
+
+# the column metadata by which Spark's stateful operators find a DataFrame's event time
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def with_event_time(df: DataFrame, column: str, delay_ms: int) -> DataFrame:
+    """``df`` with ``column`` marked as its event time, with the query's watermark delay.
+
+    What Spark's ``transformWithState`` does for ``eventTimeColumnName`` (its
+    ``UpdateEventTimeWatermarkColumn``): the column carries the delay in its metadata, so
+    the stateful operators after ours (an aggregation, a deduplication, a join, another
+    ``transformWithState``) apply the query's watermark to it. No second
+    ``withWatermark``: that would add an event-time source of its own to the query's
+    global watermark (the minimum of all sources), which Spark's plan does not have. The
+    watermark's value stays the one Spark computes from the input's ``withWatermark``.
+    """
+    return df.select(*[F.col(f"`{c}`").alias(c, metadata={WATERMARK_DELAY_KEY: int(delay_ms)})
+                       if c == column else F.col(f"`{c}`") for c in df.columns])

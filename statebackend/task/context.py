@@ -86,6 +86,9 @@ class OperatorConfig:
     ``timers``: the operator's time mode (``"None"``, ``"ProcessingTime"``,
     ``"EventTime"``), which the carrier plan keeps running (:mod:`.carrier`); ``carrier``:
     the operator runs in the carrier plan (partitions without rows run no task).
+    ``event_time_column``: ``(name, position)`` of the output column named by
+    ``eventTimeColumnName`` (None: not set); every emitted row's value there must be
+    later than the watermark for late events (:func:`.watermark.check_emitted`).
     """
 
     operator_id: str
@@ -105,6 +108,7 @@ class OperatorConfig:
     progress_columns: dict[str, Any] | None = None
     timers: str = "None"
     carrier: bool = False
+    event_time_column: tuple[str, int] | None = None
 
     @property
     def max_parallelism(self) -> int:
@@ -119,7 +123,8 @@ class OperatorConfig:
                 f"watermark={self.watermark!r}, ticks={self.ticks!r}, "
                 f"drop_late={self.drop_late!r}, per_key={self.per_key!r}, "
                 f"frame_rows={self.frame_rows!r}, from_savepoint={self.from_savepoint!r}, "
-                f"timers={self.timers!r}, carrier={self.carrier!r})")
+                f"timers={self.timers!r}, carrier={self.carrier!r}, "
+                f"event_time_column={self.event_time_column!r})")
 
 
 @dataclass
@@ -405,6 +410,18 @@ def event_time_ms(column: pd.Series) -> np.ndarray:
     ns = ts.astype("datetime64[ns]").to_numpy().view(np.int64).astype(np.float64)
     ns[ts.isna().to_numpy()] = np.nan
     return np.floor(ns / 1_000_000)
+
+
+def event_time_us(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Event times in epoch microseconds (int64, Spark's unit for a timestamp) and a mask
+    of the nulls, read as :func:`event_time_ms` reads them (naive values as UTC). Integer
+    arithmetic: a float64 of nanoseconds since the epoch is off by up to 256 ns."""
+    ts = pd.to_datetime(column)
+    if getattr(ts.dt, "tz", None) is not None:
+        ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+    nulls = ts.isna().to_numpy()
+    ns = ts.astype("datetime64[ns]").to_numpy().view(np.int64)
+    return np.floor_divide(ns, 1_000), nulls
 
 
 def kg_range_of(config: OperatorConfig, partition: int):

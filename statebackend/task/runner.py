@@ -47,7 +47,7 @@ from .partition_state import (
     root_store,
     writer_epoch,
 )
-from .watermark import EventTime, apply_watermark, max_opt
+from .watermark import EventTime, apply_watermark, check_emitted, max_opt
 
 __all__ = ["check_continuity", "concat_frames", "last_batch_that_ran", "make_task",
            "resolve_base", "root_store", "run_partition", "task_input", "user_frames",
@@ -90,6 +90,10 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
                            first=restored.first)
         out, states, metrics = process_batch(config, state, restored, ctx, event, source,
                                              first, chunks, process, clock)
+        for frame in out if config.event_time_column is not None else ():
+            check_emitted(frame, config, event.late_watermark_ms,
+                          f"operator {config.operator_id!r}, partition {partition}, "
+                          f"micro-batch {checkpoint_id}:")
         facts = ManifestFacts(
             key_columns=tuple(config.key.columns), key_types=tuple(config.key.types),
             max_event_time_ms=max_opt(ctx.max_event_time_ms, source.max_event_time_ms),

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
+from ..errors import LateOutputError
 from ..model.manifest import CompletedCheckpoint, PartitionManifest
 from ..storage.manifests import read_completed_record
-from .context import OperatorConfig, event_time_ms
+from .context import OperatorConfig, event_time_ms, event_time_us
 from .partition_state import Restored, resolve_base
 
 
@@ -29,10 +31,14 @@ class EventTime:
         The batch's watermark (-1 when the operator has none).
     late_rows_dropped : int
         Input rows at or before the previous batch's watermark, not processed.
+    late_watermark_ms : int
+        The watermark for late events (the previous batch's), when the operator drops
+        late input or checks the event times it emits; -1 otherwise.
     """
 
     watermark_ms: int = -1
     late_rows_dropped: int = 0
+    late_watermark_ms: int = -1
 
 
 def apply_watermark(store, config: OperatorConfig, checkpoint_id: int, restored: Restored,
@@ -44,13 +50,16 @@ def apply_watermark(store, config: OperatorConfig, checkpoint_id: int, restored:
     prev = restored.prev_id
     wm = watermark_for(store, config, prev, restored.base, restored.record)
     late_dropped = 0
-    if config.per_key and config.drop_late and first is not None:
-        # after micro-batches that ran no task the previous batch's watermark was
-        # already this one (no event time arrived since)
-        late_wm = (late_watermark(store, config, checkpoint_id, restored.base)
-                   if prev == checkpoint_id - 1 else wm)
+    drops = config.per_key and config.drop_late and first is not None
+    if not drops and config.event_time_column is None:
+        return first, EventTime(wm, late_dropped)
+    # after micro-batches that ran no task the previous batch's watermark was
+    # already this one (no event time arrived since)
+    late_wm = (late_watermark(store, config, checkpoint_id, restored.base)
+               if prev == checkpoint_id - 1 else wm)
+    if drops:
         first, late_dropped = drop_late_rows(first, config.watermark[0], late_wm)
-    return first, EventTime(wm, late_dropped)
+    return first, EventTime(wm, late_dropped, late_wm)
 
 
 def watermark_for(store, config: OperatorConfig, prev_id: int, own: PartitionManifest | None,
@@ -105,6 +114,28 @@ def drop_late_rows(pdf: pd.DataFrame, column: str, late_wm: int) -> tuple[pd.Dat
     if not n:
         return pdf, 0
     return pdf[~late].reset_index(drop=True), n
+
+
+def check_emitted(frame: pd.DataFrame | None, config: OperatorConfig, late_wm: int,
+                  where: str) -> None:
+    """Refuse output whose event time (``config.event_time_column``) is at or before
+    ``late_wm``, as Spark's node after a ``transformWithState`` with
+    ``eventTimeColumnName`` fails the query (its rule: the timestamp in microseconds
+    ``<=`` the watermark for late events times 1000; nulls pass). Checked before the
+    checkpoint is published: the failed task leaves no state behind, as Spark's."""
+    if config.event_time_column is None or frame is None or not len(frame):
+        return
+    name, position = config.event_time_column
+    if name in frame.columns:
+        column = frame[name]
+    elif all(isinstance(c, str) for c in frame.columns):
+        return  # Spark fails such a frame itself: it has no column of that name
+    else:
+        column = frame.iloc[:, position]  # labels that are not names: matched by position
+    us, nulls = event_time_us(column)
+    late = (us <= late_wm * 1000) & ~nulls
+    if late.any():
+        raise LateOutputError(str(name), int(us[int(np.argmax(late))]), int(late_wm), where)
 
 
 def max_opt(a: int | None, b: int | None) -> int | None:

@@ -31,19 +31,21 @@ def write_batches(input_dir: str, batches: list[pd.DataFrame], start: int = 0) -
 
 
 def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_dir: str,
-               watermark: tuple[str, str] | None = None) -> dict[int, pd.DataFrame]:
+               watermark: tuple[str, str] | None = None, output_mode: str = "update",
+               out: dict[int, pd.DataFrame] | None = None) -> dict[int, pd.DataFrame]:
     """Run ``build(stream_df) -> result_df`` over the files, one file per micro-batch; returns
-    each micro-batch's output sorted, keyed by batch id."""
+    each micro-batch's output sorted, keyed by batch id (``out``: the dict to fill, which
+    keeps the batches before a failure)."""
     df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)
     if watermark is not None:
         df = df.withWatermark(*watermark)
-    out: dict[int, pd.DataFrame] = {}
+    out = {} if out is None else out
 
     def collect(batch_df, batch_id):
         pdf = batch_df.toPandas()
         out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
 
-    q = (build(df).writeStream.foreachBatch(collect).outputMode("update")
+    q = (build(df).writeStream.foreachBatch(collect).outputMode(output_mode)
          .option("checkpointLocation", checkpoint_dir).trigger(availableNow=True).start())
     q.awaitTermination()
     return out
