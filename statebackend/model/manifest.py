@@ -41,6 +41,7 @@ from .latest import (  # noqa: F401 - re-exported: the pointer lives beside the 
     parse_latest,
     parse_latest_pointer,
 )
+from .slice_ref import SliceRef, is_slice_name, slice_from_dict  # noqa: F401  (is_slice_name: importable from here)
 
 # Format of manifests and completed-checkpoint records. 2: the readers stopped accepting the
 # pre-release layouts that format 1 files may hold (records without manifest digests, state
@@ -226,50 +227,6 @@ def changelog_id(name: str) -> int:
     return int(m.group(1))
 
 
-_SLICE_NAME = re.compile(r"^slice-(\d+)-(\d+)-(\d+)\.sst$|^slice-g-(\d+)\.sst$")
-
-
-def is_slice_name(name: str) -> bool:
-    """Whether ``name`` is a file of a rolling slice (:class:`SliceRef`)."""
-    return _SLICE_NAME.match(name) is not None
-
-
-@dataclass(frozen=True)
-class SliceRef:
-    """One unit of a rolling checkpoint (``rolling_slices``): the entries of key groups
-    ``first_kg..last_kg`` of every column family keyed by key group, as of the end of batch
-    ``checkpoint_id``, one SST file per non-empty column family (``column_families[i]`` in
-    :meth:`file_name` ``(i)``). ``first_kg = last_kg = -1``: the column families not keyed
-    by key group (``_meta``), whole.
-    """
-
-    first_kg: int
-    last_kg: int
-    checkpoint_id: int
-    column_families: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.column_families.__class__ is not tuple:
-            object.__setattr__(self, "column_families", tuple(self.column_families))
-
-    @property
-    def is_global(self) -> bool:
-        return self.first_kg < 0
-
-    def file_name(self, i: int) -> str:
-        if self.is_global:
-            return f"slice-g-{i}.sst"
-        return f"slice-{self.first_kg}-{self.last_kg}-{i}.sst"
-
-    def file_names(self) -> tuple[str, ...]:
-        return tuple(self.file_name(i) for i in range(len(self.column_families)))
-
-
-def _slice(d: Any) -> SliceRef:
-    return SliceRef(int(d["first_kg"]), int(d["last_kg"]), int(d["checkpoint_id"]),
-                    tuple(str(c) for c in d.get("column_families", ())))
-
-
 @dataclass(frozen=True)
 class PartitionManifest:
     """What one attempt of checkpoint ``checkpoint_id`` of one partition published.
@@ -433,7 +390,7 @@ class PartitionManifest:
             d["carried_from"] = _carried(d.get("carried_from"))
             d["key_columns"] = tuple(d.get("key_columns", ()))
             d["key_types"] = tuple(d.get("key_types", ()))
-            d["slices"] = tuple(_slice(x) for x in d.get("slices", ()))
+            d["slices"] = tuple(slice_from_dict(x) for x in d.get("slices", ()))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
             raise

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionsError
-from .conf import check_location, check_storage_options, spark_conf_kwargs, unknown
+from .conf import (
+    check_location,
+    check_storage_options,
+    holds_spark_keys,
+    spark_conf_kwargs,
+    unknown,
+)
 from .docs import class_docstring
 from .values import (
     _GIB,
@@ -552,9 +558,6 @@ def _checked_init(self: StateBackendOptions, **kwargs: Any) -> None:
 StateBackendOptions.__init__ = _checked_init  # type: ignore[method-assign]
 
 
-# --- what the backend is constructed with -------------------------------------------------
-
-
 def coerce_options(options: Any) -> StateBackendOptions | None:
     """The backend's ``options`` argument as a :class:`StateBackendOptions` (or None).
 
@@ -576,16 +579,7 @@ def coerce_options(options: Any) -> StateBackendOptions | None:
     if options is None or isinstance(options, StateBackendOptions):
         return options
     if isinstance(options, Mapping):
-        keys = [k for k in options if isinstance(k, str)]
-        spark = [k for k in keys if k.startswith("spark.")]
-        if spark and len(spark) != len(options):
-            other = next(k for k in options if k not in spark)
-            raise OptionsError(
-                str(other), options[other],
-                f"options mixes Spark conf keys ({spark[0]!r}) with other keys ({other!r}); "
-                f"give either option names ({{'num_retained': 5}}) or Spark keys "
-                f"({{{SPARK_CONF_PREFIX + 'num-retained'!r}: '5'}}), not both.")
-        if spark:
+        if holds_spark_keys(options):
             return StateBackendOptions.from_spark_conf(options)
         return StateBackendOptions.from_dict(options)
     if callable(getattr(options, "getAll", None)):  # a pyspark.SparkConf
@@ -595,13 +589,11 @@ def coerce_options(options: Any) -> StateBackendOptions | None:
                        f"or of Spark conf keys, or a SparkConf; got {type(options).__name__}.")
 
 
-
 StateBackendOptions.__doc__ = class_docstring(dataclasses.fields(StateBackendOptions))
 
 
 def _spec(name: str) -> _Spec:
     for f in dataclasses.fields(StateBackendOptions):
         if f.name == name:
-            spec: _Spec = f.metadata["spec"]
-            return spec
+            return f.metadata["spec"]  # type: ignore[no-any-return]
     raise unknown(name, None, list(StateBackendOptions.field_names()))

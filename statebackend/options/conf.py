@@ -25,6 +25,20 @@ from .values import (
 )
 
 
+def holds_spark_keys(options: Mapping[Any, Any]) -> bool:
+    """Whether a mapping given as options holds Spark conf keys (every key ``spark.*``)
+    rather than option names; a mix of both is refused."""
+    spark = [k for k in options if isinstance(k, str) and k.startswith("spark.")]
+    if spark and len(spark) != len(options):
+        other = next(k for k in options if k not in spark)
+        raise OptionsError(
+            str(other), options[other],
+            f"options mixes Spark conf keys ({spark[0]!r}) with other keys ({other!r}); "
+            f"give either option names ({{'num_retained': 5}}) or Spark keys "
+            f"({{{SPARK_CONF_PREFIX + 'num-retained'!r}: '5'}}), not both.")
+    return bool(spark)
+
+
 def check_storage_options(storage_options: Any) -> dict[str, Any]:
     """``storage_options`` as a new dict: None becomes ``{}``; anything but a mapping with
     string keys is refused (its values are never shown: they hold credentials)."""

@@ -83,34 +83,10 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
     spark = session_of(df)
     check_session(spark)
     opts = driver.options_for(spark)
-    coord = driver.coordinator(operator_id)
-    latest = coord.latest()
-    if latest is not None:
-        from ..savepoint.reader import check_max_parallelism
-
-        check_max_parallelism(latest.max_parallelism, opts.max_parallelism,
-                              f"the state of operator {operator_id!r}")
-        if latest.parallelism != opts.parallelism:
-            # checkpoints the previous run published but did not complete have its layout
-            coord.parallelism = latest.parallelism
-            try:
-                _complete(coord)
-            except IncompatibleStateError:
-                pass  # written by a run with the new layout: completed just below
-    coord.parallelism = opts.parallelism
-    _complete(coord)
     streaming = df.isStreaming
-    epoch = run_id = None
-    if not streaming:
-        latest = coord.latest()
-        epoch = 0 if latest is None else latest.checkpoint_id + 1
-        run_id = f"batch-{uuid.uuid4().hex}"  # the writer identity of this run
+    epoch, run_id = _take_over(driver.coordinator(operator_id), operator_id, opts, streaming)
     parallelism = opts.parallelism
     assert parallelism is not None  # options_for always resolves it
-    latest = coord.latest()
-    if latest is not None and latest.parallelism != parallelism:
-        log.warning("operator %s: state has parallelism %d, query asks for %d",
-                    operator_id, latest.parallelism, parallelism)
     carrier = uses_carrier(df, opts, output_mode)
     if carrier and event_time_column is not None:
         # the carrier is a Spark applyInPandasWithState, which Spark refuses before
@@ -134,6 +110,35 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
     return config
 
 
+def _take_over(coord: Any, operator_id: str, opts: StateBackendOptions,
+               streaming: bool) -> tuple[int | None, str | None]:
+    """Check the stored state's layout against ``opts``, complete what the previous run
+    left, and give a batch job its (epoch, run id); a streaming query's are Spark's."""
+    latest = coord.latest()
+    if latest is not None:
+        from ..savepoint.reader import check_max_parallelism
+
+        check_max_parallelism(latest.max_parallelism, opts.max_parallelism,
+                              f"the state of operator {operator_id!r}")
+        if latest.parallelism != opts.parallelism:
+            # checkpoints the previous run published but did not complete have its layout
+            coord.parallelism = latest.parallelism
+            try:
+                _complete(coord)
+            except IncompatibleStateError:
+                pass  # written by a run with the new layout: completed just below
+    coord.parallelism = opts.parallelism
+    _complete(coord)
+    latest = coord.latest()
+    if latest is not None and latest.parallelism != opts.parallelism:
+        log.warning("operator %s: state has parallelism %d, query asks for %d",
+                    operator_id, latest.parallelism, opts.parallelism)
+    if streaming:
+        return None, None
+    # a batch job: the next checkpoint id, and the writer identity of this run
+    return (0 if latest is None else latest.checkpoint_id + 1), f"batch-{uuid.uuid4().hex}"
+
+
 def _complete(coord: Any) -> None:
     from ..coordinator.pending import complete_pending
 
@@ -155,17 +160,7 @@ def transform_with_state(driver: Driver, grouped_data: Any, processor: Any, outp
                          ticks: bool) -> Any:
     """``grouped.transformWithStateInPandas`` (``flavour="pandas"``) or
     ``grouped.transformWithState`` (``"row"``) on our state."""
-    from pyspark.sql.streaming import StatefulProcessor
-
-    if not isinstance(processor, StatefulProcessor):
-        raise TypeError("statefulProcessor must be a pyspark.sql.streaming.StatefulProcessor")
-    mode = TIME_MODES.get(str(time_mode).lower())
-    if mode is None:
-        raise OptionsError("timeMode", time_mode,
-                           f"timeMode must be one of {list(TIME_MODES.values())}")
-    if flavour not in ("pandas", "row"):
-        raise OptionsError("flavour", flavour, "flavour must be 'pandas' or 'row'")
-    check_output_mode(output_mode)
+    mode = _check_processor_call(processor, time_mode, flavour, output_mode)
     df, keys = grouping_columns(grouped_data)
     op_id = operator_id or default_operator_id(processor)
     schema = struct_of(session_of(df), output_type)
@@ -211,6 +206,23 @@ def transform_with_state(driver: Driver, grouped_data: Any, processor: Any, outp
     # as Spark's: the stateful operators after ours apply the query's watermark to it
     assert config.watermark is not None  # event_time_column_of checked it
     return plan.with_event_time(out, event_time[0], config.watermark[1])
+
+
+def _check_processor_call(processor: Any, time_mode: str, flavour: str,
+                          output_mode: str) -> str:
+    """The time mode of a ``transform_with_state`` call whose arguments are valid."""
+    from pyspark.sql.streaming import StatefulProcessor
+
+    if not isinstance(processor, StatefulProcessor):
+        raise TypeError("statefulProcessor must be a pyspark.sql.streaming.StatefulProcessor")
+    mode = TIME_MODES.get(str(time_mode).lower())
+    if mode is None:
+        raise OptionsError("timeMode", time_mode,
+                           f"timeMode must be one of {list(TIME_MODES.values())}")
+    if flavour not in ("pandas", "row"):
+        raise OptionsError("flavour", flavour, "flavour must be 'pandas' or 'row'")
+    check_output_mode(output_mode)
+    return mode
 
 
 def apply_in_pandas_with_state(driver: Driver, grouped_data: Any, func: Callable,
