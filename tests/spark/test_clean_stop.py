@@ -18,6 +18,7 @@ import pytest
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend import demo as demo_module
 from statebackend.spark import listener as listener_module
+from statebackend.spark.session import session_key
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -104,7 +105,7 @@ def test_the_listener_leaves_the_bus_when_the_last_query_ends(spark, tmp_path):
                lambda df: be.transform_with_state(df.groupBy("k"), P.RunningCount(),
                                                   "k STRING, v BIGINT", operator_id="rc"),
                str(tmp_path / "ck"))
-    listener = listener_module._SESSION_LISTENERS[id(spark.sparkContext._jsc)]
+    listener = listener_module._SESSION_LISTENERS[session_key(spark)]
     deadline = time.monotonic() + 60
     while listener._in_bus and time.monotonic() < deadline:  # the bus is asynchronous
         time.sleep(0.1)
