@@ -244,19 +244,33 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
             f"manifest was edited); restore from another retained checkpoint",
             checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     try:
+        total += _replay_chain(store, manifest, local_dir, start, origin.checkpoint_id,
+                               lambda data, _n, path: replay(instance, data, where=path))
+    finally:
+        instance.changelog = recording
+    return total
+
+
+def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,
+                  start: int, end: int, apply: Callable[[bytes, int, str], None]) -> int:
+    """Fetch the manifest's changelogs in order (reading ahead), check each link of the
+    chain from ``start`` to ``end`` as it arrives, and ``apply(data, changelog id, path)``;
+    returns the bytes downloaded. A corruption error names the manifest's checkpoint and
+    partition."""
+    where = f"manifest {manifest.path}"
+    total = 0
+    try:
         for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
-            check_chain([(f.path, changelog_id(f.name), span(data, f.path))], start,
-                        changelog_id(f.name), where)
-            start = changelog_id(f.name)
-            replay(instance, data, where=f.path)
+            n = changelog_id(f.name)
+            check_chain([(f.path, n, span(data, f.path))], start, n, where)
+            start = n
+            apply(data, n, f.path)
             total += len(data) if downloaded else 0
-        check_chain([], start, origin.checkpoint_id, where)
+        check_chain([], start, end, where)
     except CorruptStateError as exc:
         if exc.checkpoint_id is None:
             exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
         raise
-    finally:
-        instance.changelog = recording
     return total
 
 
@@ -275,8 +289,6 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         -1 if origin.materialized_id is None else origin.materialized_id)),
         key=lambda u: (u.checkpoint_id, u.first_kg))
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
-    where = f"manifest {manifest.path}"
-    start = cover.start
     local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
     try:
         # every unit's files at once (the store's parallel transfers) and in place first;
@@ -284,17 +296,9 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         total = download_files(store, manifest, [x for _u, xs in local for x in xs])
         sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
                         clear=origin.materialized_id is not None)
-        for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
-            n = changelog_id(f.name)
-            check_chain([(f.path, n, span(data, f.path))], start, n, where)
-            start = n
-            sl.replay_filtered(instance, data, n, cover, units, f.path)
-            total += len(data) if downloaded else 0
-        check_chain([], start, origin.checkpoint_id, where)
-    except CorruptStateError as exc:
-        if exc.checkpoint_id is None:
-            exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
-        raise
+        total += _replay_chain(
+            store, manifest, local_dir, cover.start, origin.checkpoint_id,
+            lambda data, n, path: sl.replay_filtered(instance, data, n, cover, units, path))
     finally:
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
