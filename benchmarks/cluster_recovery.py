@@ -300,8 +300,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shared-local-dir", action="store_true",
                     help="one local_dir for both executors (no {executor_id}): executors of "
                          "one machine share local state")
-    ap.add_argument("--placement", choices=("shuffle", "carrier"), default="shuffle",
-                    help="the plan of the streaming operator (StateBackendOptions.placement)")
+    ap.add_argument("--placement", choices=("auto", "shuffle", "carrier"), default="auto",
+                    help="StateBackendOptions.placement (default: the options' default, "
+                         "auto, which runs a new query on a cluster in the carrier)")
     ap.add_argument("--executors", type=int, default=2, help="local-cluster executors")
     ap.add_argument("--json", help="also write the figures to this file")
     return ap.parse_args(argv)

@@ -419,5 +419,5 @@ def _carry_hook(config: OperatorConfig) -> Callable[[Any, int], list[int]]:
         carry_on_driver, options=opts,
         local_root=opts.resolved_local_dir(executor_id=DRIVER_ID),
         facts=ManifestFacts(key_columns=tuple(config.key.columns),
-                            key_types=tuple(config.key.types)),
+                            key_types=tuple(config.key.types), placement=config.plan_name),
         savepoint=None if sp is None else (sp.url, dict(sp.storage_options)))

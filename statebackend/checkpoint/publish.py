@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..model.manifest import PartitionManifest
@@ -38,6 +38,9 @@ class ManifestFacts:
     never_ran : bool
         The empty state of a partition that has not run yet, written for it by the
         carrier plan's driver (:mod:`statebackend.restore.carry`).
+    placement : str or None
+        The streaming plan the task ran in (``"shuffle"``, ``"carrier"``; None: a batch
+        run), kept by restarts under ``placement="auto"``.
     """
 
     key_columns: tuple[str, ...] = ()
@@ -45,6 +48,7 @@ class ManifestFacts:
     max_event_time_ms: int | None = None
     watermark_ms: int | None = None
     never_ran: bool = False
+    placement: str | None = None
 
 
 def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
@@ -99,9 +103,9 @@ def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,
         own = RequestCounts(put=1, list=fenced, get=fenced)
         extra["checkpoint_requests"] = (counts1 - counts0 + own).to_dict()
     if facts is not None:
-        manifest = replace(manifest, key_columns=facts.key_columns, key_types=facts.key_types,
-                           max_event_time_ms=facts.max_event_time_ms,
-                           watermark_ms=facts.watermark_ms, never_ran=facts.never_ran)
+        # its fields are the manifest's of the same names
+        manifest = replace(manifest, **{f.name: getattr(facts, f.name)
+                                        for f in fields(ManifestFacts)})
     manifest = manifest.with_metrics(**extra, **metrics.to_dict(), **mode_metrics)
     check_publisher(store, manifest)
     publish_manifest(store, manifest)

@@ -126,7 +126,7 @@ class _Completion(_Owner):
             created_at_ms=int(self._clock() * 1000), committed=committed,
             manifest_digests={p: self._digests[m.path] for p, m in chosen.items()
                               if m.path in self._digests},
-            **self._writer_fields())
+            placement=_one_placement(ms), **self._writer_fields())
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
         self._check_owner()
@@ -297,3 +297,9 @@ class _Completion(_Owner):
             if not all(p in cache for p in paths):
                 return None
             return [cache[p] for p in paths]
+
+
+def _one_placement(ms: list[PartitionManifest]) -> str | None:
+    """The plan every chosen manifest names (None: none names one, or they differ)."""
+    named = {m.placement for m in ms}
+    return named.pop() if len(named) == 1 else None

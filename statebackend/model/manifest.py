@@ -279,10 +279,15 @@ class PartitionManifest:
     # :mod:`statebackend.checkpoint.slices`. Their files are in ``files``
     # (:attr:`slice_files`); the changelogs apply to a key group only after its unit.
     slices: tuple[SliceRef, ...] = ()
+    # the streaming plan its task ran in ("shuffle" or "carrier"; statebackend.spark.
+    # placement): a restart under placement="auto" keeps it. None: a batch run, a
+    # materialization, or a version that did not record it
+    placement: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"manifest mode {self.mode!r} is not one of {MODES}")
+        check_placement(self.placement, "manifest")
 
     # --- derived ----------------------------------------------------------------------
 
@@ -372,8 +377,9 @@ class PartitionManifest:
         d["full_size"] = self.full_size
         d["incremental_size"] = self.incremental_size
         d["metrics"] = dict(self.metrics)
-        if not self.slices:
-            del d["slices"]  # manifests without rolling slices read as they always did
+        for k in ("slices", "placement"):
+            if not d[k]:
+                del d[k]  # manifests without them read as they always did
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -435,6 +441,9 @@ class CompletedCheckpoint:
     # the retention its writer applied: a coordinator acting for no run in particular
     # (a planning, a manual call) never applies less to the owner's location
     num_retained: int | None = None
+    # the streaming plan of its partitions' tasks (their manifests' ``placement``); None:
+    # not recorded (a batch run, a version before it was recorded, mixed manifests)
+    placement: str | None = None
 
     @property
     def writer(self) -> WriterStamp | None:
@@ -443,6 +452,11 @@ class CompletedCheckpoint:
         return WriterStamp(self.writer_epoch, self.writer_query, self.writer_run)
 
     def __post_init__(self) -> None:
+        try:
+            check_placement(self.placement, "record")
+        except ValueError as exc:
+            raise CorruptStateError(f"{self.path}: {exc}", path=self.path,
+                                    checkpoint_id=self.checkpoint_id) from None
         # the chosen manifests tile the key-group space: one per partition 0..P-1, each
         # published for this very checkpoint and partition (ranges are checked on read)
         if sorted(self.manifests) != list(range(self.parallelism)):
@@ -505,8 +519,9 @@ class CompletedCheckpoint:
         if self.writer_epoch is None:  # unfenced: the bytes older versions wrote
             for k in ("writer_epoch", "writer_query", "writer_run"):
                 d.pop(k)
-        if self.num_retained is None:
-            d.pop("num_retained")
+        for k in ("num_retained", "placement"):
+            if d[k] is None:
+                d.pop(k)
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod
@@ -519,7 +534,7 @@ class CompletedCheckpoint:
             for k in ("writer_epoch", "num_retained"):
                 if d.get(k) is not None:
                     d[k] = int(d[k])
-            for k in ("writer_query", "writer_run"):
+            for k in ("writer_query", "writer_run", "placement"):
                 d[k] = _opt_str(d.get(k))
             return cls(**d)
         except (CorruptStateError, FormatVersionError):
@@ -527,6 +542,15 @@ class CompletedCheckpoint:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"{where}: completed-checkpoint record is truncated or "
                                     f"malformed ({exc})", path=where) from exc
+
+
+PLANS = ("shuffle", "carrier")
+"""The streaming plans a manifest or record may name as its ``placement``."""
+
+
+def check_placement(value: Any, what: str) -> None:
+    if value is not None and value not in PLANS:
+        raise ValueError(f"{what} placement {value!r} is not one of {PLANS}")
 
 
 def _check_format(d: Any, what: str, where: str) -> None:

@@ -190,12 +190,13 @@ class StateBackendOptions:
             "Where timers live: a RocksDB column family (`rocksdb`, unbounded), or Python "
             "memory (`heap`: faster, bounded by memory, written into each checkpoint)."))
     placement: str = _opt(
-        "shuffle", "runtime", "choice", choices=PLACEMENTS, doc=(
-            "How streaming operators place partitions on executors: `shuffle` (repartition "
-            "+ mapInPandas; Spark's scheduler picks any executor) or `carrier` (each "
-            "partition's work runs inside a Spark stateful operator, so Spark's state-store "
-            "scheduling keeps it on the executor that holds its state; docs/scaling.md, "
-            "\"Placement\"). Batch DataFrames and `Complete` output always use `shuffle`."))
+        "auto", "runtime", "choice", choices=PLACEMENTS, doc=(
+            "Where streaming operators' tasks run: `shuffle` (repartition + mapInPandas; "
+            "any executor), `carrier` (inside a Spark stateful operator, whose scheduling "
+            "keeps each partition on the executor holding its state) or `auto`: the plan "
+            "the location's checkpoints recorded, else the carrier on a cluster (any master "
+            "but `local[N]`) or with timers, else `shuffle`. Query shapes Spark refuses the "
+            "carrier in, and batch DataFrames, use `shuffle` (docs/scaling.md)."))
     progress_metrics: bool = _opt(
         True, "runtime", "bool", doc=(
             "Report each micro-batch's backend metrics in the streaming query's progress "

@@ -36,7 +36,7 @@ PREDEFINED_PROFILES = (
 )
 SNAPSHOT_COMPRESSIONS = ("snappy", "none")
 TIMER_SERVICES = ("rocksdb", "heap")
-PLACEMENTS = ("shuffle", "carrier")
+PLACEMENTS = ("auto", "shuffle", "carrier")
 CHECKPOINT_MODES = ("incremental", "changelog", "auto")
 AUTO_INLINE_RATIO = 2.0
 """``materialize_inline_ratio`` of ``checkpoint_mode="auto"`` when the option is unset."""

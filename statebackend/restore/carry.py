@@ -177,7 +177,8 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
         _publish_restored(coordinator, p, checkpoint_id, (r.start, r.end), latest, options,
                           local_root, ManifestFacts(
                               key_columns=base.key_columns, key_types=base.key_types,
-                              watermark_ms=wm, never_ran=latest is None), epoch,
+                              watermark_ms=wm, never_ran=latest is None,
+                              placement=base.placement), epoch,
                           savepoint)
     log.info("operator %s batch %d: carried over partitions %s (no rows)",
              coordinator.operator_id, checkpoint_id, missing)

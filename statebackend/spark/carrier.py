@@ -44,7 +44,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..keys.groups import spark_hashes
-from ..options import StateBackendOptions
 from ..task.columns import KG_COL, PID_COL, key_groups_in_task
 from ..task.context import PTIME_COL, OperatorConfig
 from . import plan
@@ -138,10 +137,3 @@ def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., l
     mode = "Append" if str(output_mode).lower() == "append" else "Update"
     return df.groupBy(PID_COL).applyInPandasWithState(
         carry, schema, "alive INT", mode, timeout)
-
-
-def uses_carrier(df: DataFrame, options: StateBackendOptions, output_mode: str | None) -> bool:
-    """Whether this operator runs in the carrier plan: a streaming DataFrame, the option
-    on, and an output mode the carrier supports (batch DataFrames keep today's plan)."""
-    return (df.isStreaming and options.placement == "carrier"
-            and str(output_mode or "append").lower() in CARRIER_OUTPUT_MODES)

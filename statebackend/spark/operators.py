@@ -25,8 +25,7 @@ from ..task.context import OperatorConfig, SavepointSource
 from ..task.group_state import check_timeout_conf, declare_group_states, run_group_function
 from ..task.processor import run_processor
 from ..task.vector import column_state_declaration, vector_process
-from . import plan
-from .carrier import uses_carrier
+from . import placement, plan
 from .progress import metrics_row_values
 from .schema_check import check_against_latest, processor_declarations
 from .session import check_session, grouping_columns, session_of, watermark_of
@@ -84,18 +83,16 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
     check_session(spark)
     opts = driver.options_for(spark)
     streaming = df.isStreaming
-    epoch, run_id = _take_over(driver.coordinator(operator_id), operator_id, opts, streaming)
+    coord = driver.coordinator(operator_id)
+    epoch, run_id = _take_over(coord, operator_id, opts, streaming)
     parallelism = opts.parallelism
     assert parallelism is not None  # options_for always resolves it
-    carrier = uses_carrier(df, opts, output_mode)
-    if carrier and event_time_column is not None:
-        # the carrier is a Spark applyInPandasWithState, which Spark refuses before
-        # another stateful operator when it has an event-time timeout (its check for
-        # rows late downstream), and whose output watermark is its own: the output's
-        # event time keeps the shuffle plan
-        log.info("operator %s: eventTimeColumnName set, using the shuffle plan instead of "
-                 "placement='carrier'", operator_id)
-        carrier = False
+    carrier = False
+    if streaming:  # batch DataFrames keep the shuffle plan
+        chosen = placement.choose(df, opts.placement, coord.latest(), output_mode,
+                                  mode.timers, event_time_column)
+        placement.log_choice(operator_id, opts.placement, chosen)
+        carrier = chosen.carrier
     progress = streaming and opts.progress_metrics
     config = OperatorConfig(
         operator_id=operator_id, checkpoint_location=driver.checkpoint_location,

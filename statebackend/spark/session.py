@@ -12,6 +12,7 @@ JVM's plan on a classic session and from the client's own plan on a Connect sess
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import OptionsError, StateBackendError
@@ -139,10 +140,7 @@ def watermark_of(df: Any) -> tuple[str, int] | None:
 
 
 def _classic_watermark(df: Any) -> tuple[str, int] | None:
-    plan = df._jdf.queryExecution().logical()
-    stack = [plan]
-    while stack:
-        node = stack.pop()
+    for node in _classic_nodes(df):
         if node.getClass().getSimpleName() == "EventTimeWatermark":
             from py4j.java_gateway import get_field
 
@@ -151,9 +149,6 @@ def _classic_watermark(df: Any) -> tuple[str, int] | None:
             days = get_field(delay, "months") * 31 + get_field(delay, "days")
             delay_ms = days * 86_400_000 + get_field(delay, "microseconds") // 1000
             return node.eventTime().name(), int(delay_ms)
-        children = node.children()
-        for i in range(children.size()):
-            stack.append(children.apply(i))
     return None
 
 
@@ -172,17 +167,62 @@ def _plan_children(node: Any) -> list[Any]:
 def _connect_watermark(df: Any) -> tuple[str, int] | None:
     from pyspark.sql.connect.plan import WithWatermark
 
-    stack = [df._plan]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _connect_nodes(df):
         if isinstance(node, WithWatermark):
             return node._event_time, parse_delay_ms(node._delay_threshold)
-        stack.extend(_plan_children(node))
     return None
+
+
+# Spark's stateful logical operators, by their node's class name on each session kind;
+# each maps to the name :func:`stateful_upstream` reports ("Aggregate" for aggregations)
+_CLASSIC_STATEFUL = {
+    "Aggregate": "Aggregate", "Deduplicate": "Deduplicate",
+    "DeduplicateWithinWatermark": "Deduplicate",
+    "FlatMapGroupsWithState": "FlatMapGroupsWithState",
+    "FlatMapGroupsInPandasWithState": "FlatMapGroupsWithState",
+    "TransformWithState": "TransformWithState",
+    "TransformWithStateInPandas": "TransformWithState",
+    "TransformWithStateInPySpark": "TransformWithState"}
+_CONNECT_STATEFUL = {
+    "Aggregate": "Aggregate", "Deduplicate": "Deduplicate",
+    "ApplyInPandasWithState": "FlatMapGroupsWithState",
+    "TransformWithStateInPandas": "TransformWithState",
+    "TransformWithStateInPySpark": "TransformWithState"}
+
+
+def stateful_upstream(df: Any) -> str | None:
+    """The first stateful operator (``"Aggregate"``, ``"Deduplicate"``,
+    ``"FlatMapGroupsWithState"``, ``"TransformWithState"``) found upstream of ``df``, an
+    aggregation before any other; None when there is none. Read from the JVM's logical
+    plan on a classic session, from the client's plan on Connect."""
+    if is_connect(df):
+        names = {_CONNECT_STATEFUL.get(type(n).__name__) for n in _connect_nodes(df)}
+    else:
+        names = {_CLASSIC_STATEFUL.get(n.getClass().getSimpleName())
+                 for n in _classic_nodes(df)}
+    names.discard(None)
+    if "Aggregate" in names:
+        return "Aggregate"
+    return min(names) if names else None  # type: ignore[type-var]
+
+
+def _classic_nodes(df: Any) -> Iterator[Any]:
+    stack = [df._jdf.queryExecution().logical()]
+    while stack:
+        node = stack.pop()
+        yield node
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+
+
+def _connect_nodes(df: Any) -> Iterator[Any]:
+    stack, seen = [df._plan], set()
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            stack.extend(_plan_children(node))
 
 
 _UNIT_US = {"microsecond": 1, "millisecond": 1_000, "second": 1_000_000,

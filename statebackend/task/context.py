@@ -114,6 +114,14 @@ class OperatorConfig:
     def max_parallelism(self) -> int:
         return self.options.max_parallelism
 
+    @property
+    def plan_name(self) -> str | None:
+        """The streaming plan its tasks run in, as manifests record it (None: a batch
+        run, whose plan no restart inherits)."""
+        if self.run_id is not None:
+            return None
+        return "carrier" if self.carrier else "shuffle"
+
     def __repr__(self) -> str:
         # Storage options hold credentials and a location may too: never print them.
         return (f"OperatorConfig(operator_id={self.operator_id!r}, checkpoint_location="

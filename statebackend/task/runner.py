@@ -98,7 +98,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             key_columns=tuple(config.key.columns), key_types=tuple(config.key.types),
             max_event_time_ms=max_opt(ctx.max_event_time_ms, source.max_event_time_ms),
             # the next batch drops input at or before this watermark (Spark's rule)
-            watermark_ms=None if config.watermark is None else event.watermark_ms)
+            watermark_ms=None if config.watermark is None else event.watermark_ms,
+            placement=config.plan_name)
         published = state.commit(checkpoint_id, attempt, states, metrics.to_dict(), facts)
     finally:
         state.release(published)

@@ -140,7 +140,8 @@ def scenario(spark, spec: dict, sc: dict) -> dict:
     killed_path = os.path.join(work, "killed")
     return {"out": {str(b): v for b, v in sorted(out.items())}, "completed": completed,
             "restores": restores, "executor_dirs": executor_dirs(local),
-            "killed": os.path.exists(killed_path)}
+            "killed": os.path.exists(killed_path),
+            "placement": be.coordinator(name).latest().placement}
 
 
 def main(spec_path: str) -> dict:

@@ -1,11 +1,13 @@
-"""The carrier plan on the cluster test bed (conftest.py): with one ``local_dir`` per
-executor, each partition's task runs where its state is, micro-batch after micro-batch.
+"""The default placement on the cluster test bed (conftest.py): with one ``local_dir`` per
+executor and no ``placement`` option, each partition's task runs where its state is,
+micro-batch after micro-batch.
 
-Today's plan (``placement="shuffle"``) leaves the executor to Spark's scheduler: about
-half the steady-state tasks restore from durable storage on two executors (BENCHMARKS.md,
-"Local-recovery hit rate on a cluster"). The carrier runs each partition inside a Spark
-stateful operator, whose state-store scheduling keeps it on the executor that last ran
-it. The bound is loose so that scheduler noise (a busy executor past
+A new location on a cluster (any master but ``local[N]``) gets the carrier plan by default
+(``placement="auto"``, statebackend/spark/placement.py): each partition runs inside a Spark
+stateful operator, whose state-store scheduling keeps it on the executor that last ran it.
+The shuffle plan left the executor to Spark's scheduler: about half the steady-state tasks
+restored from durable storage on two executors (BENCHMARKS.md, "Local-recovery hit rate on
+a cluster"). The bound is loose so that scheduler noise (a busy executor past
 ``spark.locality.wait``) does not break it, while a return to the coin toss does.
 """
 
@@ -23,16 +25,18 @@ BATCHES = random_batches(10, seed=5, rows=80, keys=24)
 LOCAL = {"resident", "working_dir", "local_copy"}
 
 
-def test_carrier_keeps_partitions_on_their_executors(moto_server, tmp_path):
+def test_the_default_keeps_partitions_on_their_executors(moto_server, tmp_path):
     bucket = "sb-carrier"
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
         Bucket=bucket)
+    # no placement option: the default decides
     sc = {"name": "carrier_count", "input": str(tmp_path / "in"), "watermark": False,
-          "placement": "carrier", "num_retained": len(BATCHES) + 1}
+          "num_retained": len(BATCHES) + 1}
     write_batches(sc["input"], BATCHES)
     res = run_job({"work": str(tmp_path), "endpoint": moto_server, "bucket": bucket,
                    "scenarios": [sc]}, str(tmp_path))["carrier_count"]
     print(f"restores {res['restores']}, executor dirs {res['executor_dirs']}")
+    assert res["placement"] == "carrier"  # chosen by the default, recorded
     same_output(res["out"], running_counts(BATCHES)[0])
     assert res["completed"] == list(range(len(BATCHES)))
     # steady state: from batch 2 on (batch 0 starts empty, batch 1 may be a partition's
