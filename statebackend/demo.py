@@ -93,8 +93,8 @@ def spark_session(master: str, partitions: int, remote: str | None = None):
 
     from statebackend.spark.jvm import start_jvm_detached
 
-    conf = {"spark.sql.shuffle.partitions": str(partitions),
-            "spark.sql.streaming.noDataMicroBatches.enabled": "false"}
+    # Spark's streaming defaults otherwise (no-data micro-batches on), as users run
+    conf = {"spark.sql.shuffle.partitions": str(partitions)}
     if remote is not None:
         builder = SparkSession.builder.remote(remote)
         for k, v in conf.items():

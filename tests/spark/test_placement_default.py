@@ -57,8 +57,12 @@ def _plan_of(backend, operator_id: str) -> str | None:
 
 # event-time timers (transformWithStateInPandas, Row-based transformWithState) and an
 # event-time timeout (applyInPandasWithState), each with a watermark
+# (Processing-time timers are left out: under availableNow with no-data micro-batches on,
+# Spark's own transformWithStateInPandas in ProcessingTime mode asks for another batch
+# after every batch and the query never ends, 236 micro-batches when we stopped it; the
+# carrier does what Spark's operator does there, so no availableNow run can compare them)
 TIMER_CASES = ["event-sessions", "min-max-event-time", "row-min-max-event-time",
-               "first-seen", "apply-event-sessions", "map-with-ttl"]
+               "first-seen", "apply-event-sessions"]
 
 
 @pytest.mark.parametrize("name", TIMER_CASES)
