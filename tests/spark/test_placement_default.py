@@ -50,9 +50,13 @@ def _backend(tmp_path, **kw) -> RocksDBStateBackend:
         parallelism=2, local_dir=str(tmp_path / "local"), **kw))
 
 
-def _plan_of(backend, operator_id: str) -> str | None:
+def _plan_of(backend, operator_id: str, last_batch: int) -> str | None:
+    """The plan recorded by the checkpoint of ``last_batch`` (which Spark committed: the
+    query ended), completed here rather than waiting for the listener to see it."""
+    backend.complete(operator_id, up_to=last_batch)
     latest = backend.coordinator(operator_id).latest()
-    return None if latest is None else latest.placement
+    assert latest is not None and latest.checkpoint_id == last_batch
+    return latest.placement
 
 
 # event-time timers (transformWithStateInPandas, Row-based transformWithState) and an
@@ -79,7 +83,7 @@ def test_timers_fire_where_spark_fires_them_under_its_defaults(spark_defaults, t
     assert len(theirs) > len(fidelity_batches()), sorted(theirs)
     assert sum(len(v) for v in theirs.values()) > 0
     assert_same(ours, theirs)
-    assert _plan_of(backend, _only_operator(tmp_path)) == "carrier"
+    assert _plan_of(backend, _only_operator(tmp_path), max(ours)) == "carrier"
 
 
 def test_an_available_now_query_with_timers_ends(spark_defaults, tmp_path, input_dir):
@@ -108,7 +112,7 @@ def test_an_available_now_query_with_timers_ends(spark_defaults, tmp_path, input
         results[who] = out
     assert len(results["theirs"]) > len(fidelity_batches())
     assert_same(results["ours"], results["theirs"])
-    assert _plan_of(backend, _only_operator(tmp_path)) == "carrier"
+    assert _plan_of(backend, _only_operator(tmp_path), max(results["ours"])) == "carrier"
 
 
 def _only_operator(tmp_path) -> str:
@@ -138,15 +142,14 @@ def test_a_location_the_shuffle_plan_wrote_keeps_it_and_continues_exactly(
     write_batches(inp, data[:3])
     old = _backend(tmp_path, placement="shuffle")
     out = run_stream(spark, inp, COUNT_SCHEMA, count(old), ck)
-    assert _plan_of(old, "counts") == "shuffle"
+    assert _plan_of(old, "counts", 2) == "shuffle"
     monkeypatch.setattr(placement, "master_of", lambda s: "spark://cluster:7077")
     write_batches(inp, data[3:], start=3)
     new = _backend(tmp_path)  # the default
     out = run_stream(spark, inp, COUNT_SCHEMA, count(new), ck, out=out)
     expected, totals = running_counts(data)
     assert_same(out, expected)
-    assert _plan_of(new, "counts") == "shuffle"
-    new.complete("counts", up_to=len(data) - 1)  # Spark committed the last micro-batch
+    assert _plan_of(new, "counts", len(data) - 1) == "shuffle"
     rows = new.read_state(spark, "counts", state_name="count").collect()
     assert {r.key.k: r.value[0] for r in rows} == totals
 
