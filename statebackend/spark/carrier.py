@@ -35,13 +35,13 @@ micro-batch's metrics are those of the partitions that ran).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ..keys.groups import spark_hashes
 from ..task.columns import KG_COL, PID_COL, key_groups_in_task
@@ -50,6 +50,8 @@ from . import plan
 
 # Output modes the carrier (applyInPandasWithState) supports; "Complete" keeps today's plan.
 CARRIER_OUTPUT_MODES = ("append", "update")
+
+log = logging.getLogger("statebackend")
 
 
 def carrier_values(parallelism: int, spark_partitions: int) -> list[int]:
@@ -110,30 +112,66 @@ def carrier_timeout(config: OperatorConfig) -> str:
 def carrier_plan(df: DataFrame, config: OperatorConfig, process: Callable[..., list],
                  schema: Any, output_mode: str) -> DataFrame:
     """``df`` (ticks already added) run through the carrier: each group runs
-    :func:`~statebackend.task.runner.run_partition` for its partition with ``process``."""
+    :func:`~statebackend.task.runner.run_partition` for its partition with ``process``.
+
+    What the carrier adds to the shuffle plan is Spark's (BENCHMARKS.md, "What the carrier
+    costs on one machine"): per Spark shuffle partition and micro-batch a state-store task,
+    with rows or not, so ``spark.sql.shuffle.partitions`` far above the parallelism runs
+    mostly empty tasks (:func:`_idle_stores_note`). The micro-batch timestamp is taken
+    from the group's ``GroupState`` in the worker instead of travelling as a column
+    through the shuffle, the sort and the Arrow framing.
+    """
     timeout = carrier_timeout(config)
     n_spark = spark_partitions_of(df)
+    _idle_stores_note(n_spark, config.parallelism)
     values = carrier_values(config.parallelism, n_spark)
     partition_of = {v: p for p, v in enumerate(values)}
     kg, route = plan.route_column(config.parallelism, config.max_parallelism,
                                   list(config.key.columns), values)
     if not key_groups_in_task(config.key.types):
         df = df.withColumn(KG_COL, kg)
-    df = (df.withColumn(PID_COL, route.cast("int"))
-            .withColumn(PTIME_COL, F.unix_millis(F.current_timestamp())))
+    df = df.withColumn(PID_COL, route.cast("int"))
 
     def carry(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         from ..task.runner import run_partition
 
-        out = list(run_partition(config, frames, process, partition=partition_of[int(key[0])]))
+        # the worker reads the state once the output is exhausted: set it first, then
+        # stream the output (run_partition yields only after its checkpoint is published)
         if timeout == "ProcessingTimeTimeout":
             state.update((1,))
             state.setTimeoutDuration(1)
         elif timeout == "EventTimeTimeout":
             state.update((1,))
             state.setTimeoutTimestamp(max(int(state.getCurrentWatermarkMs()), 0) + 1)
-        yield from out
+        # the micro-batch timestamp: GroupState's processing time is Spark's batch
+        # timestamp, the value current_timestamp() has in the shuffle plan (fixed per
+        # micro-batch and logged, so a retry sees the same); set on the frames the worker
+        # built rather than on every row Spark shuffles, sorts and frames
+        ms = np.int64(state.getCurrentProcessingTimeMs())
+
+        def stamped() -> Iterator[pd.DataFrame]:
+            for frame in frames:
+                frame[PTIME_COL] = ms
+                yield frame
+
+        yield from run_partition(config, stamped(), process, partition=partition_of[int(key[0])])
 
     mode = "Append" if str(output_mode).lower() == "append" else "Update"
     return df.groupBy(PID_COL).applyInPandasWithState(
         carry, schema, "alive INT", mode, timeout)
+
+
+def _idle_stores_note(spark_partitions: int, parallelism: int) -> None:
+    """Log what a shuffle-partition count above the parallelism costs: Spark runs a
+    state-store task (load, commit, a checkpoint file) for every one of its partitions
+    every micro-batch, and only ``parallelism`` of them can have rows."""
+    if spark_partitions > parallelism:
+        log.warning(
+            "carrier plan: spark.sql.shuffle.partitions is %d and the parallelism %d, so "
+            "%d of Spark's %d state-store tasks per micro-batch run without rows (each a "
+            "state-store load and commit, and a file in the checkpoint location); a new "
+            "query with spark.sql.shuffle.partitions = %d avoids them (BENCHMARKS.md, "
+            "\"What the carrier costs on one machine\")",
+            spark_partitions, parallelism, spark_partitions - min(parallelism, spark_partitions),
+            spark_partitions, parallelism)
+
