@@ -292,11 +292,13 @@ def master_of(spark: Any) -> str | None:
 # --- the session's identity, log and listener bus ---------------------------------------
 
 def session_key(spark: Any) -> Any:
-    """A key that is the same for every session object of one Spark application's session
-    (classic: its JVM context; Connect: its server session)."""
+    """A key that is the same for every session object of one Spark session, and differs
+    between sessions (classic: the JVM session's UUID, so a ``newSession()`` of the same
+    application, which has its own ``streams`` and listeners, has its own key; Connect:
+    its server session)."""
     if is_connect(spark):
         return ("connect", str(spark.session_id))
-    return ("classic", id(spark.sparkContext._jsc))
+    return ("classic", str(spark._jsparkSession.sessionUUID()))
 
 
 def set_log_level(spark: Any, level: str) -> None:

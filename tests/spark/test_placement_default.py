@@ -202,3 +202,28 @@ def test_each_refused_shape_falls_back_with_its_log_line(spark, tmp_path, monkey
         assert len(lines) == 1 and why in lines[0], (why, lines)
         assert "placement='auto'" in lines[0] and "placement='shuffle'" in lines[0]
         assert stateful_upstream(out) in (None, "Aggregate"), why
+
+
+def test_each_session_of_the_application_gets_its_own_listener(spark, spark_defaults,
+                                                               tmp_path):
+    """Spark keeps streaming listeners per session (``newSession()`` has its own
+    ``streams``): a query of either session has its micro-batches completed by the
+    listener, whichever session attached first."""
+    import time
+
+    data = random_batches(2, seed=31, keys=5)
+    for i, s in enumerate((spark_defaults, spark)):
+        inp = str(tmp_path / f"in{i}")
+        write_batches(inp, data)
+        be = _backend(tmp_path / f"s{i}")
+        run_stream(s, inp, COUNT_SCHEMA, lambda df, be=be: be.transform_with_state(
+            df.groupBy("k"), RunningCount(), COUNT_OUT, "Update", "None",
+            operator_id="counts"), str(tmp_path / f"ck{i}"))
+        coord = be.coordinator("counts")
+        deadline = time.monotonic() + 120  # listener events are asynchronous
+        while time.monotonic() < deadline and not (
+                coord.latest() is not None and coord.latest().checkpoint_id == 1
+                and coord.latest().committed):
+            time.sleep(0.2)
+        latest = coord.latest()
+        assert latest is not None and latest.checkpoint_id == 1 and latest.committed, i
