@@ -340,12 +340,15 @@ class PartitionManifest:
         """Changelogs that cannot belong to this partition's lineage.
 
         A changelog is replayed onto the state of the partition that wrote it. After a
-        rescale a partition's lineage starts in the base partition's directories (its
-        snapshot and changelogs, clipped by the first changelog written here), so the
-        directories of the snapshot and of the changelogs, in order, are other partitions'
-        first and this partition's (``chk-<n>/p<p>/``) after: a changelog of another
-        partition after one of this partition's, or onto this partition's own snapshot,
-        is another partition's state (a manifest edited to list it).
+        rescale a partition's lineage starts in the base partitions' directories (their
+        snapshot and changelogs, clipped by the first changelog written here), which may
+        include a directory of this partition's *number* written under an older layout
+        (4 -> 3 partitions: new p1's lineage runs through old p1's and old p2's). So only
+        the end of the lineage says whose it is: its last changelog is this checkpoint's
+        own (``chk-<n>/p<p>/``). A last changelog in another partition's directory after
+        anything of this partition's is another partition's state (a manifest edited to
+        list it). A foreign changelog edited in *before* this partition's last one looks
+        like a rescale's lineage here; ``verify --deep`` reads the entries themselves.
         """
         own = f"p{self.partition}"
 
@@ -353,15 +356,11 @@ class PartitionManifest:
             parts = f.path.split("/")
             return parts[1] if len(parts) > 2 and parts[0].startswith("chk-") else None
 
-        seen_own = own in {part(f) for f in self.db_files}
-        bad = []
-        for f in self.changelog_files:
-            d = part(f)
-            if d == own:
-                seen_own = True
-            elif seen_own or d is None:
-                bad.append(f)
-        return tuple(bad)
+        logs = self.changelog_files
+        if not logs or part(logs[-1]) == own:
+            return ()
+        earlier = [part(f) for f in (*self.db_files, *logs[:-1])]
+        return (logs[-1],) if own in earlier or part(logs[-1]) is None else ()
 
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""
