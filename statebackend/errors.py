@@ -244,6 +244,12 @@ class StateLocationInUseError(IncompatibleStateError):
         self.owner = owner
 
 
+class MoveRefusedError(IncompatibleStateError):
+    """A move to the carrier plan (:func:`statebackend.savepoint.move.move_to_carrier`)
+    was refused before anything was written: the location already uses the carrier, or
+    the new state location is the old one or already holds state of the operator."""
+
+
 class RestoreError(StateBackendError):
     """State could not be restored; committed state in durable storage is untouched."""
 

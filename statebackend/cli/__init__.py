@@ -9,10 +9,13 @@
     statebackend savepoint URL OPERATOR [--name N]     self-contained savepoint of a checkpoint
     statebackend migrate-savepoint URL OPERATOR NAME NEW_NAME --max-parallelism M
                                                        savepoint NAME rekeyed for M key groups
+    statebackend move     URL OPERATOR [--to URL2] [--name N]
+                                                       savepoint + restart step to the carrier plan
 
 ``URL`` is the backend's ``checkpoint_location`` (a path or any fsspec URL). Nothing here
-writes to the store except ``gc`` without ``--dry-run``, ``savepoint`` and
-``migrate-savepoint`` (which writes a new savepoint and never changes its source).
+writes to the store except ``gc`` without ``--dry-run``, ``savepoint``,
+``migrate-savepoint`` and ``move`` (which write a new savepoint and never change their
+source).
 
 ``--json`` prints one JSON document instead of a table or summary. The long commands
 (``verify``, ``read``, ``gc``, ``savepoint``, ``migrate-savepoint``) redraw a progress line on
@@ -30,7 +33,8 @@ Exit codes (every command):
     1    problems found: ``verify`` found some, or ``read``/``savepoint`` met a damaged
          checkpoint (CorruptStateError)
     2    bad usage: missing or malformed arguments, a number out of range, an unknown URL
-         protocol, ``--storage-options`` that is not a JSON object
+         protocol, ``--storage-options`` that is not a JSON object, a ``move`` refused
+         (the location already uses the carrier plan, or ``--to`` holds state)
     3    no such operator, checkpoint, state or partition, including a URL with no state
     4    storage failure (unreachable store, permissions, a name that already exists)
     130  interrupted
@@ -52,6 +56,7 @@ from typing import TextIO
 from ..errors import (
     CheckpointNotFoundError,
     CorruptStateError,
+    MoveRefusedError,
     OptionsError,
     StateBackendError,
     StateError,
@@ -59,7 +64,7 @@ from ..errors import (
 from ..redact import redact_text
 from ..storage.base import DurableStore
 from ..verify import Problem, verify_checkpoints
-from . import data, gc, inspect, savepoints
+from . import data, gc, inspect, move, savepoints
 from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_PROBLEMS, EXIT_USAGE, open_store
 from .gc import RecordingStore, run_gc
 
@@ -90,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_changes(sub)
     savepoints.add_savepoint(sub)
     savepoints.add_migrate_savepoint(sub)
+    move.add_move(sub)
     inspect.add_metrics(sub)
     return parser
 
@@ -116,6 +122,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return fail(EXIT_USAGE, str(exc))
     except (CheckpointNotFoundError, StateError) as exc:  # no such operator, checkpoint,
         return fail(EXIT_NOT_FOUND, str(exc))               # state or partition
+    except MoveRefusedError as exc:  # a move the location or --to cannot take part in
+        return fail(EXIT_USAGE, str(exc))
     except CorruptStateError as exc:  # what verify reports: the checkpoint is damaged
         return fail(EXIT_PROBLEMS, f"{type(exc).__name__}: {exc}")
     except (StateBackendError, OSError) as exc:

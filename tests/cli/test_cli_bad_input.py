@@ -19,7 +19,7 @@ from statebackend.cli import main
 
 SECRET = "pa55-w0rd-xyz"
 COMMANDS = ["list", "describe", "verify", "gc", "read", "metrics", "savepoint",
-            "migrate-savepoint"]
+            "migrate-savepoint", "move"]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
