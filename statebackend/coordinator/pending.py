@@ -42,8 +42,11 @@ def complete_pending(coordinator, up_to: int | None = None, run_id: str | None =
         record = coordinator.try_complete(n, committed=up_to is not None, run_id=run_id)
         if record is None and carry is not None and up_to is not None and carry(coordinator, n):
             # Spark committed n: the carrier's partitions without rows ran no task in it
-            # (statebackend.restore.carry), and now have their carried checkpoints
-            record = coordinator.try_complete(n, committed=True, run_id=run_id)
+            # (statebackend.restore.carry), and now have their carried checkpoints; or n
+            # was the previous run's last, which the carry completed in that run's layout
+            now = coordinator.latest()
+            record = now if now is not None and now.checkpoint_id == n else \
+                coordinator.try_complete(n, committed=True, run_id=run_id)
         if record is None:
             if up_to is not None and n < up_to and not coordinator.anything_published(n):
                 n += 1

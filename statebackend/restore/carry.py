@@ -138,6 +138,68 @@ def carry_in_task(ostore: DurableStore, partition: int, checkpoint_id: int, para
     return carried
 
 
+def published_in_layout(ostore: DurableStore, checkpoint_id: int,
+                        by_partition: dict[int, list[str]], parallelism: int,
+                        max_parallelism: int) -> bool:
+    """Whether everything published for ``checkpoint_id`` belongs to the layout of
+    ``parallelism`` partitions (each manifest covers its partition's key groups there)."""
+    for q in by_partition:
+        if q >= parallelism:
+            return False
+        r = key_group_range(q, parallelism, max_parallelism)
+        if any((m.key_group_start, m.key_group_end) != (r.start, r.end)
+               for m in list_published_manifests(ostore, checkpoint_id, q)):
+            return False
+    return True
+
+
+def old_layout_in_task(ostore: DurableStore, checkpoint_id: int, parallelism: int,
+                       writer_epoch: int | None = None) -> CompletedCheckpoint | None:
+    """In a task of micro-batch ``checkpoint_id + 1`` after a rescale to ``parallelism``:
+    the state of micro-batch ``checkpoint_id``, which the previous run ran with another
+    layout but did not complete (some of its partitions had no rows, and the run ended
+    before its driver completed it), as an unwritten record of the old layout for a
+    rescaling restore to read. None where that does not apply: nothing published for it,
+    no completed checkpoint of another layout before it, or anything of it published by
+    the new layout (then it is the new layout's micro-batch, completed by this run's
+    driver: :func:`carry_in_task` waits for that).
+
+    Spark runs micro-batch ``checkpoint_id + 1`` only after committing ``checkpoint_id``,
+    so that state is final: each old partition's manifest for it, or, for one that ran no
+    task in it, its latest earlier manifest carried over (published here as the driver
+    would have). This run's driver cannot: its listener never sees that micro-batch.
+    """
+    by_partition = manifests_at(ostore, checkpoint_id)
+    floor = max([c for c in completed_ids(ostore) if c < checkpoint_id], default=-1)
+    done = read_completed_record(ostore, floor) if floor >= 0 and by_partition else None
+    if by_partition is None or done is None or done.parallelism == parallelism:
+        return None
+    old_p, max_p = done.parallelism, done.max_parallelism
+    if not published_in_layout(ostore, checkpoint_id, by_partition, old_p, max_p):
+        return None  # the new layout published this micro-batch
+    chosen: dict[int, PartitionManifest] = {}
+    for q in range(old_p):
+        r = key_group_range(q, old_p, max_p)
+        published = list_published_manifests(ostore, checkpoint_id, q)
+        if published:
+            chosen[q] = choose_manifest(published)
+            continue
+        origin, _ = latest_own_manifest(ostore, q, checkpoint_id, old_p, (r.start, r.end))
+        if origin is None:
+            return None
+        carried = carried_manifest(origin, checkpoint_id, peer_watermark(ostore, by_partition),
+                                   writer_epoch=writer_epoch)
+        check_publisher(ostore, carried)
+        publish_manifest(ostore, carried)
+        chosen[q] = carried
+    log.info("batch %d of the previous layout (%d partitions) assembled in a task after a "
+             "rescale to %d; carried over partitions %s", checkpoint_id, old_p, parallelism,
+             sorted(set(range(old_p)) - set(by_partition)))
+    return CompletedCheckpoint(
+        operator_id=done.operator_id, checkpoint_id=checkpoint_id, parallelism=old_p,
+        max_parallelism=max_p, manifests={q: m.path for q, m in chosen.items()})
+
+
 def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_root: str,
                     facts: ManifestFacts | None = None,
                     savepoint: tuple[str, dict] | None = None) -> list[int]:
@@ -158,6 +220,10 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
     by_partition = manifests_at(ostore, checkpoint_id)
     if by_partition is None:
         return []
+    previous = _in_previous_layout(coordinator, ostore, checkpoint_id, by_partition,
+                                   options, local_root, facts, savepoint)
+    if previous is not None:
+        return previous
     missing = [p for p in range(coordinator.parallelism) if p not in by_partition]
     latest = coordinator.latest()
     if not missing or (latest is not None and latest.checkpoint_id >= checkpoint_id):
@@ -183,6 +249,32 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
     log.info("operator %s batch %d: carried over partitions %s (no rows)",
              coordinator.operator_id, checkpoint_id, missing)
     return missing
+
+
+def _in_previous_layout(coordinator: Any, ostore: DurableStore, checkpoint_id: int,
+                        by_partition: dict[int, list[str]], options: Any, local_root: str,
+                        facts: ManifestFacts | None, savepoint: tuple[str, dict] | None
+                        ) -> list[int] | None:
+    """Complete ``checkpoint_id`` in the layout of the latest completed checkpoint, when
+    that differs from the coordinator's and everything published for it is of that
+    layout: the previous run's last micro-batch, which its driver did not complete before
+    the restart with another parallelism (this run's tasks assembled its state,
+    :func:`old_layout_in_task`). Returns the old layout's partitions it completed (None:
+    not that case)."""
+    latest = coordinator.latest()
+    if latest is None or latest.parallelism == coordinator.parallelism or not \
+            published_in_layout(ostore, checkpoint_id, by_partition, latest.parallelism,
+                                latest.max_parallelism):
+        return None
+    new = coordinator.parallelism
+    coordinator.parallelism = latest.parallelism
+    try:
+        carried = carry_on_driver(coordinator, checkpoint_id, options, local_root, facts,
+                                  savepoint)
+        coordinator.try_complete(checkpoint_id, committed=True)
+    finally:
+        coordinator.parallelism = new
+    return sorted(set(carried) | set(by_partition))
 
 
 def _publish_restored(coordinator: Any, partition: int, checkpoint_id: int,
