@@ -130,7 +130,8 @@ def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     backend = backend_for(root)
     init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
                                                   "init": [1000, 4000, 9000]}))
-    theirs_q, ours_q = builders(case, backend, init_df)
+    # ours writes through a file sink, whose mode is Append: the mode ours declares
+    theirs_q, ours_q = builders(case, backend, init_df, our_mode="Append")
     wm = WATERMARK if case.watermark else None
     run_theirs(spark, input_dir, FSCHEMA, theirs_q, os.path.join(root, "ck-spark"),
                os.path.join(out, "theirs"), wm)

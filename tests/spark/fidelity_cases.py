@@ -126,23 +126,26 @@ CASES = [
 ]
 
 
-def builders(case: Case, backend: Any, init_df):
-    """(Spark's query, ours) as functions of the input stream."""
+def builders(case: Case, backend: Any, init_df, our_mode: str = "Update"):
+    """(Spark's query, ours) as functions of the input stream. ``our_mode``: the output
+    mode ours declares; it must be its query's under the carrier plan (Spark checks it of
+    an applyInPandasWithState; its transformWithStateInPandas does not), and it changes
+    no row an operator emits."""
     make = case.target if case.kind == "apply" else case.target
     init = {"initialState": init_df.groupBy("k")} if case.initial else {}
     if case.kind == "apply":
         return (lambda df: df.groupBy("k").applyInPandasWithState(
                     make, OUT, case.state_schema, "Update", case.mode),
                 lambda df: backend.apply_in_pandas_with_state(
-                    df.groupBy("k"), make, OUT, case.state_schema, "Update", case.mode))
+                    df.groupBy("k"), make, OUT, case.state_schema, our_mode, case.mode))
     if case.kind == "row":
         return (lambda df: df.groupBy("k").transformWithState(make(), OUT, "Update", case.mode,
                                                               **init),
-                lambda df: backend.transform_with_state(df.groupBy("k"), make(), OUT, "Update",
+                lambda df: backend.transform_with_state(df.groupBy("k"), make(), OUT, our_mode,
                                                         case.mode, flavour="row", **init))
     return (lambda df: df.groupBy("k").transformWithStateInPandas(make(), OUT, "Update",
                                                                   case.mode, **init),
-            lambda df: backend.transform_with_state(df.groupBy("k"), make(), OUT, "Update",
+            lambda df: backend.transform_with_state(df.groupBy("k"), make(), OUT, our_mode,
                                                     case.mode, **init))
 
 
