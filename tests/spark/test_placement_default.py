@@ -65,8 +65,9 @@ def _plan_of(backend, operator_id: str, last_batch: int) -> str | None:
 # Spark's own transformWithStateInPandas in ProcessingTime mode asks for another batch
 # after every batch and the query never ends, 236 micro-batches when we stopped it; the
 # carrier does what Spark's operator does there, so no availableNow run can compare them)
-TIMER_CASES = ["event-sessions", "min-max-event-time", "row-min-max-event-time",
-               "first-seen", "apply-event-sessions"]
+# one case per API: pandas and Row transformWithState timers, applyInPandasWithState's
+# event-time timeout (the other event-time cases of fidelity_cases.py run the same path)
+TIMER_CASES = ["event-sessions", "row-min-max-event-time", "apply-event-sessions"]
 
 
 @pytest.mark.parametrize("name", TIMER_CASES)
