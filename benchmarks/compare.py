@@ -426,11 +426,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--option {item!r}: expected KEY=VALUE")
-        OPTIONS[key.strip()] = value.strip()
+    OPTIONS.update(key_values(ap, "--option", args.option))
     if args.target:
         args.keys, args.events, args.batches = 10_000, 200_000, 10
         args.workloads = "count,noop"
@@ -481,6 +477,17 @@ def start_session(app: str, partitions: int, ui_port: int | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def key_values(ap: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` arguments of ``flag`` as a dict (a malformed one: the parser's error)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -436,12 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                          "copied into its benchmarks/), as the arm 'carrier@base'")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args(argv)
-    conf = {}
-    for kv in args.conf:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            ap.error(f"--conf {kv!r}: expected KEY=VALUE")
-        conf[k.strip()] = v.strip()
+    conf = C.key_values(ap, "--conf", args.conf)
     if args.ab:
         return ab(args)
     args.shuffle_partitions = int(args.shuffle_partitions_list.split(",")[0])

@@ -105,16 +105,18 @@ def latest_own_manifest(ostore: DurableStore, partition: int, before: int, paral
 
 def carry_in_task(ostore: DurableStore, partition: int, checkpoint_id: int, parallelism: int,
                   kg_range: tuple[int, int], writer_epoch: int | None = None,
-                  wait_s: float = 60.0) -> PartitionManifest | None:
+                  wait_s: float = 60.0) -> PartitionManifest | CompletedCheckpoint | None:
     """In a task of micro-batch ``checkpoint_id + 1``, whose partition has no manifest for
     ``checkpoint_id`` (it had no rows then) and whose checkpoint is not completed yet:
     publish the carried manifest (under ``writer_epoch``) and return it.
 
     None when nothing at all was published for ``checkpoint_id`` (the caller passes over
     such micro-batches) or this partition has no earlier state (it starts empty). When
-    the earlier state has another layout (the first micro-batch after a rescale), waits
-    up to ``wait_s`` for the driver, which completes ``checkpoint_id`` with a rescaling
-    restore of this partition (:func:`carry_on_driver`).
+    the earlier state has another layout: if ``checkpoint_id`` was the previous run's
+    last micro-batch, the old layout's unwritten record of it
+    (:func:`old_layout_in_task`), for a rescaling restore; else (the first micro-batch
+    after a rescale) waits up to ``wait_s`` for the driver, which completes
+    ``checkpoint_id`` with a rescaling restore of this partition (:func:`carry_on_driver`).
     """
     by_partition = manifests_at(ostore, checkpoint_id)
     if by_partition is None:
@@ -122,6 +124,10 @@ def carry_in_task(ostore: DurableStore, partition: int, checkpoint_id: int, para
     origin, rescaled = latest_own_manifest(ostore, partition, checkpoint_id, parallelism,
                                            kg_range)
     if origin is None:
+        old = old_layout_in_task(ostore, checkpoint_id, parallelism, writer_epoch,
+                                 by_partition) if rescaled else None
+        if old is not None:
+            return old
         deadline = time.monotonic() + (wait_s if rescaled else 0.0)
         while time.monotonic() < deadline:
             record = read_completed_record(ostore, checkpoint_id)
@@ -154,7 +160,8 @@ def published_in_layout(ostore: DurableStore, checkpoint_id: int,
 
 
 def old_layout_in_task(ostore: DurableStore, checkpoint_id: int, parallelism: int,
-                       writer_epoch: int | None = None) -> CompletedCheckpoint | None:
+                       writer_epoch: int | None,
+                       by_partition: dict[int, list[str]]) -> CompletedCheckpoint | None:
     """In a task of micro-batch ``checkpoint_id + 1`` after a rescale to ``parallelism``:
     the state of micro-batch ``checkpoint_id``, which the previous run ran with another
     layout but did not complete (some of its partitions had no rows, and the run ended
@@ -168,11 +175,11 @@ def old_layout_in_task(ostore: DurableStore, checkpoint_id: int, parallelism: in
     so that state is final: each old partition's manifest for it, or, for one that ran no
     task in it, its latest earlier manifest carried over (published here as the driver
     would have). This run's driver cannot: its listener never sees that micro-batch.
+    ``by_partition``: what was published for it (:func:`manifests_at`).
     """
-    by_partition = manifests_at(ostore, checkpoint_id)
     floor = max([c for c in completed_ids(ostore) if c < checkpoint_id], default=-1)
-    done = read_completed_record(ostore, floor) if floor >= 0 and by_partition else None
-    if by_partition is None or done is None or done.parallelism == parallelism:
+    done = read_completed_record(ostore, floor) if floor >= 0 else None
+    if done is None or done.parallelism == parallelism:
         return None
     old_p, max_p = done.parallelism, done.max_parallelism
     if not published_in_layout(ostore, checkpoint_id, by_partition, old_p, max_p):

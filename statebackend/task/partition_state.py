@@ -41,7 +41,7 @@ from ..model.manifest import (
     checkpoint_dir,
     choose_manifest,
 )
-from ..restore.carry import carry_in_task, old_layout_in_task
+from ..restore.carry import carry_in_task
 from ..rocksdb.instance import RocksDBInstance
 from ..rocksdb.options import to_rocksdict_options
 from ..storage import open_store
@@ -214,13 +214,12 @@ class PartitionState:
             if base is None and record is None and prev >= 0 and config.carrier:
                 # the carrier plan: this partition had no rows in batch prev, so ran no
                 # task in it (statebackend.restore.carry); or batch prev was the previous
-                # run's last, with another layout
-                old = old_layout_in_task(store, prev, config.parallelism,
-                                         self.checkpointer.writer_epoch)
-                if old is not None:
-                    return _Base(prev, old, None, rescaled=True)
-                base = carry_in_task(store, self.partition, prev, config.parallelism,
-                                     (kg.start, kg.end), self.checkpointer.writer_epoch)
+                # run's last, with another layout (its unwritten record)
+                carried = carry_in_task(store, self.partition, prev, config.parallelism,
+                                        (kg.start, kg.end), self.checkpointer.writer_epoch)
+                if isinstance(carried, CompletedCheckpoint):
+                    return _Base(prev, carried, None, rescaled=True)
+                base = carried
             if base is None and prev >= 0:
                 completed = completed_ids(store)
                 ran = last_batch_that_ran(store, prev, completed) if record is None else prev

@@ -9,22 +9,11 @@ import json
 
 import pytest
 from harness import check_batches, run_stream, running_counts, write_batches
-from processors import RunningCount
-from test_carrier import OUT, SCHEMA, few_keys
-
-from statebackend import RocksDBStateBackend, StateBackendOptions
+from test_carrier import SCHEMA, few_keys
+from test_carrier import backend as _backend
+from test_carrier import count as _count
 
 pytestmark = [pytest.mark.spark]
-
-
-def _backend(tmp_path, parallelism: int) -> RocksDBStateBackend:
-    return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
-        parallelism=parallelism, local_dir=str(tmp_path / "local"), placement="carrier"))
-
-
-def _count(be):
-    return lambda df: be.transform_with_state(df.groupBy("k"), RunningCount(), OUT, "Update",
-                                              "None", operator_id="counts")
 
 
 @pytest.mark.parametrize("shuffle,before,after", [(2, 2, 3), (2, 3, 2), (3, 4, 1)])
