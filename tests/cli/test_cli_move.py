@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 from test_cli_bad_input import run
@@ -61,3 +63,17 @@ def test_a_move_onto_state_or_onto_itself_exits_2(capsys, built_copy: Built, tmp
 def test_a_move_without_a_location_is_bad_usage(capsys):
     code, _, err = run(capsys, "move")
     assert code == 2 and "usage:" in err
+
+
+def test_python_dash_m_statebackend_is_the_command(built_copy: Built, tmp_path):
+    """``python -m statebackend move`` (no console script on PATH) moves as the command
+    does, and refuses a bad argument with the same exit code."""
+    to = str(tmp_path / "new-state")
+    done = subprocess.run([sys.executable, "-m", "statebackend", "move", built_copy.url, "op",
+                           "--to", to, "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state_location"] == to
+    assert _savepoints(built_copy.url, "op") == ["move-to-carrier"]
+    bad = subprocess.run([sys.executable, "-m", "statebackend", "move", built_copy.url],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "OPERATOR" in bad.stderr.upper(), bad.stderr
