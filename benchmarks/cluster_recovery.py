@@ -175,13 +175,30 @@ def restores(backend, batches: range) -> list[dict]:
     for b in batches:
         record = coord.get(b)
         for partition, path in sorted(record.manifests.items()):
-            r = read_manifest(coord.store, path, operator_id=OP).metrics.get("restore") or {}
+            metrics = read_manifest(coord.store, path, operator_id=OP).metrics
+            r = metrics.get("restore") or {}
             rows.append({"batch": b, "partition": partition,
                          "source": str(r.get("source", "?")).split(".")[-1].lower(),
                          "bytes": int(r.get("bytes_downloaded", 0) or 0),
                          "files": int(r.get("files_downloaded", 0) or 0),
-                         "seconds": float(r.get("duration_s", 0.0) or 0.0)})
+                         "seconds": float(r.get("duration_s", 0.0) or 0.0),
+                         "executor": metrics.get("executor")})
     return rows
+
+
+def loss_downloads(rows: list[dict], last_before: int, phase: range,
+                   lost: str = "1") -> dict:
+    """Which partitions restored from durable storage in ``phase`` (the micro-batches
+    after executor ``lost`` was killed): those it ran at batch ``last_before`` (each should
+    download once) and the others (which should not download at all)."""
+    held = sorted(r["partition"] for r in rows
+                  if r["batch"] == last_before and r["executor"] == lost)
+    durable = [r for r in rows if r["batch"] in phase and r["source"] == "durable"]
+    return {"lost_executor_partitions": held,
+            "lost_partition_downloads": Counter(r["partition"] for r in durable
+                                                if r["partition"] in held),
+            "other_partition_downloads": Counter(r["partition"] for r in durable
+                                                 if r["partition"] not in held)}
 
 
 def state_bytes(backend, batch: int) -> int:
@@ -356,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                   summarize("executor lost", [r for r in rows
                                               if steady <= r["batch"] < steady + after]),
                   summarize("restarted", [r for r in rows if r["batch"] >= steady + after])]
+        loss = loss_downloads(rows, steady - 1, range(steady, steady + after))
         spark.stop()
         spark = None
         rates = download_rates(endpoint, bucket, args.download_files, args.download_file_mb,
@@ -369,10 +387,13 @@ def main(argv: list[str] | None = None) -> int:
               f" {args.executors} executors;"
               f" local_dir {'shared' if args.shared_local_dir else 'per executor'};"
               f" state {size / 1e6:.0f} MB at the last batch")
+        print(f"executor 1 held partitions {loss['lost_executor_partitions']} before the loss;"
+              f" durable restores after it: {dict(loss['lost_partition_downloads'])} of those,"
+              f" {dict(loss['other_partition_downloads'])} of the others (partition: count)")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"phases": phases, "download": rates, "rows": rows,
-                           "killed": info["killed"], "load": load,
+                           "killed": info["killed"], "load": load, "loss": loss,
                            "state_bytes": size, "args": vars(args)},
                           fh, indent=1)
         return 0

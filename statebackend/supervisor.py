@@ -443,6 +443,7 @@ class PartitionRestore:
     restored_checkpoint: int | None
     bytes_downloaded: int
     fallback_reason: str | None
+    executor: str | None = None  # the Spark executor that ran the task (None: not recorded)
 
 
 def restore_report(backend: Any, operator_id: str, checkpoint_id: int, *,
@@ -480,7 +481,7 @@ def restore_report(backend: Any, operator_id: str, checkpoint_id: int, *,
         src = src.split(".")[-1].lower()
         out[partition] = PartitionRestore(
             partition, src, r.get("checkpoint_id"), int(r.get("bytes_downloaded", 0) or 0),
-            r.get("fallback_reason"))
+            r.get("fallback_reason"), m.metrics.get("executor"))
         if progress is not None:
             progress(len(out), total, unit="manifests")
     return out

@@ -67,3 +67,20 @@ def test_requests_per_checkpoint_counts_requests(
     counts = json.loads(capsys.readouterr().out)
     assert counts and all(isinstance(row, dict) for row in counts.values())
     assert any(v > 0 for row in counts.values() for v in row.values())
+
+
+def test_cluster_recovery_tells_the_lost_executors_downloads_from_the_others() -> None:
+    from benchmarks.cluster_recovery import loss_downloads
+
+    def row(batch: int, partition: int, executor: str, source: str = "resident") -> dict:
+        return {"batch": batch, "partition": partition, "executor": executor,
+                "source": source}
+
+    rows = [row(4, 0, "0"), row(4, 1, "1"), row(4, 2, "1"), row(4, 3, "0"),
+            row(5, 0, "0"), row(5, 1, "2", "durable"), row(5, 2, "0", "durable"),
+            row(5, 3, "2", "durable"), row(6, 1, "2"), row(6, 2, "0", "durable"),
+            row(7, 3, "0", "durable")]  # batch 7: after the phase
+    loss = loss_downloads(rows, 4, range(5, 7))
+    assert loss["lost_executor_partitions"] == [1, 2]
+    assert loss["lost_partition_downloads"] == {1: 1, 2: 2}
+    assert loss["other_partition_downloads"] == {3: 1}

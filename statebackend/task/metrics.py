@@ -53,6 +53,10 @@ class TaskMetrics:
         With a watermark: the late rows this batch dropped.
     restore_requests : mapping or None
         The store requests of the restore and the watermark's reads.
+    executor : str or None
+        Spark's id of the executor that ran the task (``driver`` in local mode): with
+        ``restore``, which executor found or missed the state (benchmarks.cluster_recovery
+        tells a lost executor's partitions from the rest by it).
     """
 
     restore: Mapping[str, Any]
@@ -63,6 +67,7 @@ class TaskMetrics:
     task_ms: Mapping[str, float]
     late_rows_dropped: int | None = None
     restore_requests: Mapping[str, int] | None = None
+    executor: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's JSON form (optional entries only when set)."""
@@ -74,6 +79,8 @@ class TaskMetrics:
             d["late_rows_dropped"] = self.late_rows_dropped
         if self.restore_requests is not None:
             d["restore_requests"] = self.restore_requests
+        if self.executor is not None:
+            d["executor"] = self.executor
         return d
 
 

@@ -36,6 +36,7 @@ from .context import (
     kg_range_of,
     task_identity,
 )
+from .executor import current_executor_id
 from .metrics import TaskClock, TaskMetrics, as_dict
 from .metrics_rows import frames_with_metrics
 from .partition_state import (
@@ -151,7 +152,7 @@ def process_batch(config: OperatorConfig, state: PartitionState, restored: Resto
         # before the checkpoint flushes, while the instance is open
         rocksdb=rocksdb_properties(instance), task_ms=dict(clock.ms),
         late_rows_dropped=None if config.watermark is None else event.late_rows_dropped,
-        restore_requests=restore_requests)
+        restore_requests=restore_requests, executor=current_executor_id())
     return out, backend.descriptors(), metrics
 
 

@@ -135,11 +135,13 @@ def scenario(spark, spec: dict, sc: dict) -> dict:
                              os.path.join(work, "ck"), sc.get("watermark", False)))
     be.complete(name)
     completed = [c.checkpoint_id for c in be.coordinator(name).list_completed()]
-    restores = {str(b): {str(p): r.source for p, r in restore_report(be, name, b).items()}
-                for b in completed}
+    reports = {str(b): restore_report(be, name, b) for b in completed}
+    restores = {b: {str(p): r.source for p, r in rep.items()} for b, rep in reports.items()}
+    executors = {b: {str(p): r.executor for p, r in rep.items()} for b, rep in reports.items()}
     killed_path = os.path.join(work, "killed")
     return {"out": {str(b): v for b, v in sorted(out.items())}, "completed": completed,
-            "restores": restores, "executor_dirs": executor_dirs(local),
+            "restores": restores, "executors": executors,
+            "executor_dirs": executor_dirs(local),
             "killed": os.path.exists(killed_path),
             "placement": be.coordinator(name).latest().placement}
 

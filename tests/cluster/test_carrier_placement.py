@@ -46,3 +46,12 @@ def test_the_default_keeps_partitions_on_their_executors(moto_server, tmp_path):
     assert len(sources) >= len(BATCHES) - 2, res["restores"]
     local = sum(src in LOCAL for src in sources)
     assert local >= 0.75 * len(sources), res["restores"]
+    # each task records its executor: a kept-open instance is found only where it ran last
+    ran = [(b, p, res["executors"][str(b)][p]) for b in range(1, len(BATCHES))
+           for p, src in res["restores"][str(b)].items() if src != "carried"]
+    assert {e for _b, _p, e in ran} <= {"0", "1"}, res["executors"]
+    for b, p, e in ran:
+        if res["restores"][str(b)][p] == "resident":
+            before = res["executors"][str(b - 1)].get(p)  # None: carried, no task ran
+            assert before in (e, None), (b, p, res["executors"])
+
