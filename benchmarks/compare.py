@@ -455,7 +455,8 @@ def select_systems(spec: str) -> list[System]:
 def start_session(app: str, partitions: int, ui_port: int | None = None,
                   master: str | None = None, conf: dict[str, str] | None = None):
     """The local[partitions] session every benchmark command runs in (the same confs, so
-    their figures compare); ``ui_port``: keep Spark's UI and REST API on that loopback port;
+    their figures compare; Spark's streaming defaults, no-data micro-batches on, as users
+    run); ``ui_port``: keep Spark's UI and REST API on that loopback port;
     ``master`` (e.g. ``local-cluster[2,1,1024]``) and ``conf`` for cluster benchmarks."""
     from pyspark.sql import SparkSession
 
@@ -463,7 +464,6 @@ def start_session(app: str, partitions: int, ui_port: int | None = None,
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(partitions))
-               .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                .config(PROVIDER_CONF, ROCKSDB))
     if ui_port is None:
         builder = builder.config("spark.ui.enabled", "false")

@@ -42,7 +42,6 @@ def cluster_session(app: str, extra_conf: dict[str, str] | None = None):
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.default.parallelism", "2")
                .config("spark.executor.memory", "512m")
-               .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.executorEnv.PYTHONPATH", path))
     for k, v in (extra_conf or {}).items():
@@ -113,6 +112,11 @@ def scenario(spark, spec: dict, sc: dict) -> dict:
     from statebackend.supervisor import restore_report
 
     name = sc["name"]
+    if name == "processing_timer":
+        # Spark's defaults (no-data micro-batches on) otherwise: in ProcessingTime mode
+        # every micro-batch asks for another, so an availableNow query would never end
+        spark = spark.newSession()
+        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     work = os.path.join(spec["work"], name)
     local = os.path.join(work, "local")
     url = f"s3://{spec['bucket']}/{name}"

@@ -41,6 +41,7 @@ FIDELITY = ("event-sessions", "row-min-max-event-time", "apply-event-sessions",
 SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 EVERY_STATE = "*"  # read_state's rows of every state (no state has this name)
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def session():
@@ -48,7 +49,6 @@ def session():
 
     return (SparkSession.builder.remote("local[2,2]")
             .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
             .config("spark.sql.streaming.stateStore.providerClass",
                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -133,10 +133,18 @@ def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     # ours writes through a file sink, whose mode is Append: the mode ours declares
     theirs_q, ours_q = builders(case, backend, init_df, our_mode="Append")
     wm = WATERMARK if case.watermark else None
-    run_theirs(spark, input_dir, FSCHEMA, theirs_q, os.path.join(root, "ck-spark"),
-               os.path.join(out, "theirs"), wm)
-    run_stream(spark, input_dir, FSCHEMA, ours_q, os.path.join(root, "ck-ours"),
-               os.path.join(out, "ours"), wm)
+    # Spark's defaults, but where Spark's own query would never end under availableNow
+    # (ProcessingTime mode asks for a micro-batch after every one): no-data batches off
+    # for these two queries (a query takes the session's conf when it starts)
+    if case.never_ends_under_defaults:
+        spark.conf.set(NO_DATA_BATCHES, "false")
+    try:
+        run_theirs(spark, input_dir, FSCHEMA, theirs_q, os.path.join(root, "ck-spark"),
+                   os.path.join(out, "theirs"), wm)
+        run_stream(spark, input_dir, FSCHEMA, ours_q, os.path.join(root, "ck-ours"),
+                   os.path.join(out, "ours"), wm)
+    finally:
+        spark.conf.unset(NO_DATA_BATCHES)
     backend.complete()
     # the state as Connect reads it: every state as JSON, and each state typed (timestamps
     # and maps take Connect's own conversion path)

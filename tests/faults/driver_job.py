@@ -84,7 +84,6 @@ def main(work: str) -> dict:
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.default.parallelism", "2")
-             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

@@ -79,6 +79,27 @@ class Case:
     check: Any = None  # extra assertion on our per-batch output
     kwargs: dict = field(default_factory=dict)
 
+    @property
+    def never_ends_under_defaults(self) -> bool:
+        """Spark's own operator asks for a micro-batch after every one (timeMode
+        ProcessingTime, a processing-time timeout), so under ``availableNow`` with no-data
+        micro-batches on (Spark's default) its query never ends: such a case runs with them
+        off (the ``spark_no_data`` session)."""
+        return self.mode in ("ProcessingTime", "ProcessingTimeTimeout")
+
+    @property
+    def event_timers(self) -> bool:
+        """Event-time timers or an event-time timeout, with a watermark: Spark runs no-data
+        micro-batches that fire them, and the default runs ours in the carrier."""
+        return self.watermark and self.mode in ("EventTime", "EventTimeTimeout")
+
+    @property
+    def spark_adds_empty_batches(self) -> bool:
+        """Spark's transformWithState without timers (timeMode None) in a query with a
+        watermark runs a no-data micro-batch whenever the watermark advances, with no
+        output; ours, having no timers, runs none (README "Known differences")."""
+        return self.kind != "apply" and self.mode == "None" and self.watermark
+
 
 def _late_rows_dropped(out: dict[int, pd.DataFrame]) -> None:
     # the final per-key counts: rows at or before the late-events watermark are not counted

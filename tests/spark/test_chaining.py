@@ -49,7 +49,7 @@ def both(spark, tmp_path, input_dir, spark_build, our_build, mode="append"):
                         WATERMARK, mode)
     ours = run_stream(spark, input_dir, SCHEMA, our_build, str(tmp_path / "ck-ours"),
                       WATERMARK, mode)
-    assert len(theirs) == 6
+    assert len(theirs) >= 6  # the 6 with input, and any no-data micro-batch Spark ran
     assert_same(ours, theirs)
     return ours
 
@@ -244,7 +244,7 @@ def around(spark, tmp_path, input_dir, before, mode="update"):
                           before(df).groupBy("k"), P.EventTimer(), "k STRING, v BIGINT",
                           op_mode, "EventTime"),
                       str(tmp_path / "ck-ours"), WATERMARK, mode)
-    assert len(theirs) == 6
+    assert len(theirs) >= 6  # the 6 with input, and any no-data micro-batch Spark ran
     assert_same(ours, theirs)
     assert sum(len(v) for v in ours.values()) > 0  # timers fired on the watermark
     return ours

@@ -66,9 +66,11 @@ def backend(tmp_path) -> RocksDBStateBackend:
 
 @pytest.mark.parametrize("proc_cls,mode", [(P.RunningCount, "None"), (P.ListOps, "None"),
                                            (P.MapOps, "None"), (P.TtlCount, "ProcessingTime")])
-def test_processor_without_timers(spark, tmp_path, stream_dir, proc_cls, mode):
+def test_processor_without_timers(spark, spark_no_data, tmp_path, stream_dir, proc_cls, mode):
     be = backend(tmp_path)
-    both(spark, tmp_path, stream_dir,
+    # ProcessingTime mode: Spark's own query never ends under availableNow with no-data
+    # micro-batches on (conftest.spark_no_data)
+    both(spark_no_data if mode == "ProcessingTime" else spark, tmp_path, stream_dir,
          lambda df: df.groupBy("k").transformWithStateInPandas(proc_cls(), OUT, "Update", mode),
          lambda df: be.transform_with_state(df.groupBy("k"), proc_cls(), OUT, "Update", mode))
 
@@ -81,9 +83,9 @@ def test_ttl_without_processing_time_is_refused_like_spark(spark, tmp_path, stre
                    str(tmp_path / "ck-ttl"))
 
 
-def test_processing_time_timers(spark, tmp_path, stream_dir):
+def test_processing_time_timers(spark_no_data, tmp_path, stream_dir):
     be = backend(tmp_path)
-    both(spark, tmp_path, stream_dir,
+    both(spark_no_data, tmp_path, stream_dir,
          lambda df: df.groupBy("k").transformWithStateInPandas(P.ProcessingTimer(), OUT, "Update", "ProcessingTime"),
          lambda df: be.transform_with_state(df.groupBy("k"), P.ProcessingTimer(), OUT, "Update", "ProcessingTime"))
 

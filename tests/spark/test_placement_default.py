@@ -30,15 +30,6 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
-def spark_defaults(spark):
-    """A session of the suite's application with Spark's streaming defaults (the suite's
-    own sessions turn no-data micro-batches off)."""
-    s = spark.newSession()
-    s.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-    return s
-
-
-@pytest.fixture(scope="module")
 def input_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("defaults") / "input")
     write_batches(d, fidelity_batches())
@@ -59,40 +50,17 @@ def _plan_of(backend, operator_id: str, last_batch: int) -> str | None:
     return latest.placement
 
 
-# event-time timers (transformWithStateInPandas, Row-based transformWithState) and an
-# event-time timeout (applyInPandasWithState), each with a watermark
-# (Processing-time timers are left out: under availableNow with no-data micro-batches on,
-# Spark's own transformWithStateInPandas in ProcessingTime mode asks for another batch
-# after every batch and the query never ends, 236 micro-batches when we stopped it; the
-# carrier does what Spark's operator does there, so no availableNow run can compare them)
-# one case per API: pandas and Row transformWithState timers, applyInPandasWithState's
-# event-time timeout (the other event-time cases of fidelity_cases.py run the same path)
-TIMER_CASES = ["event-sessions", "row-min-max-event-time", "apply-event-sessions"]
+# Timers and timeouts under Spark's defaults, every micro-batch against Spark's own
+# operators, with the plan the default recorded: tests/spark/test_fidelity.py (the suite's
+# session has Spark's defaults; its event-time cases check the carrier was chosen).
 
 
-@pytest.mark.parametrize("name", TIMER_CASES)
-def test_timers_fire_where_spark_fires_them_under_its_defaults(spark_defaults, tmp_path,
-                                                                input_dir, name):
-    case = CASE_BY_NAME[name]
-    backend = _backend(tmp_path)  # no placement: the default
-    theirs_q, ours_q = builders(case, backend, None)
-    theirs = run_stream(spark_defaults, input_dir, SCHEMA, theirs_q, str(tmp_path / "ck-s"),
-                        WATERMARK)
-    ours = run_stream(spark_defaults, input_dir, SCHEMA, ours_q, str(tmp_path / "ck-o"),
-                      WATERMARK)
-    # Spark ran no-data micro-batches after the six files: the last expirations are there
-    assert len(theirs) > len(fidelity_batches()), sorted(theirs)
-    assert sum(len(v) for v in theirs.values()) > 0
-    assert_same(ours, theirs)
-    assert _plan_of(backend, _only_operator(tmp_path), max(ours)) == "carrier"
-
-
-def test_an_available_now_query_with_timers_ends(spark_defaults, tmp_path, input_dir):
+def test_an_available_now_query_with_timers_ends(spark, tmp_path, input_dir):
     """The event-time sessions close in the micro-batches Spark closes them in, and the
     query ends by itself (a bounded wait, so a query that never ends fails the test).
     (Spark's shuffle partitions stay at the suite's 2: at Spark's 200 the same run takes
     minutes on two cores, for Spark's operator as for ours, and decides nothing here.)"""
-    s = spark_defaults
+    s = spark
     case = CASE_BY_NAME["event-sessions"]
     backend = _backend(tmp_path)
     theirs_q, ours_q = builders(case, backend, None)
@@ -205,15 +173,15 @@ def test_each_refused_shape_falls_back_with_its_log_line(spark, tmp_path, monkey
         assert stateful_upstream(out) in (None, "Aggregate"), why
 
 
-def test_each_session_of_the_application_gets_its_own_listener(spark, spark_defaults,
-                                                               tmp_path):
+def test_each_session_of_the_application_gets_its_own_listener(spark, tmp_path):
     """Spark keeps streaming listeners per session (``newSession()`` has its own
     ``streams``): a query of either session has its micro-batches completed by the
     listener, whichever session attached first."""
     import time
 
     data = random_batches(2, seed=31, keys=5)
-    for i, s in enumerate((spark_defaults, spark)):
+    other = spark.newSession()  # a session of its own, whose query runs first
+    for i, s in enumerate((other, spark)):
         inp = str(tmp_path / f"in{i}")
         write_batches(inp, data)
         be = _backend(tmp_path / f"s{i}")

@@ -41,7 +41,8 @@ def two_runs(spark, tmp_path, build_v1, build_v2, keys_after: int = 9):
     return be, data + later, {**out1, **out2}
 
 
-def test_transform_with_state_every_kind_keeps_its_values(spark, tmp_path):
+def test_transform_with_state_every_kind_keeps_its_values(spark_no_data, tmp_path):
+    spark = spark_no_data  # ProcessingTime mode (TTL): no-data micro-batches off (conftest)
     be, data, out = two_runs(
         spark, tmp_path,
         lambda be: lambda df: be.transform_with_state(df.groupBy("k"), E.CountV1(), OUT,
@@ -80,7 +81,8 @@ def test_transform_with_state_every_kind_keeps_its_values(spark, tmp_path):
     assert m == ref_m
 
 
-def test_incompatible_change_fails_in_the_task_when_planned_before_the_state(spark, tmp_path):
+def test_incompatible_change_fails_in_the_task_when_planned_before_the_state(spark_no_data, tmp_path):
+    spark = spark_no_data  # ProcessingTime mode (TTL): no-data micro-batches off (conftest)
     """The backstop: a query planned while no checkpoint existed (the driver had nothing
     to check) meets state written since; its first task refuses the change before any
     write."""

@@ -87,7 +87,8 @@ def test_state_misuse_same_as_spark(spark, tmp_path, input_dir, flavour):
     assert any(OURS_EXTRA in s for s in pd.concat(ours.values())["s"])
 
 
-def test_timer_misuse_same_as_spark(spark, tmp_path, input_dir):
+def test_timer_misuse_same_as_spark(spark_no_data, tmp_path, input_dir):
+    spark = spark_no_data  # ProcessingTime mode: no-data micro-batches off (conftest)
     backend = _backend(tmp_path)
     theirs = run_stream(spark, input_dir, SCHEMA,
                         lambda df: df.groupBy("k").transformWithStateInPandas(
