@@ -43,6 +43,7 @@ LAYERS: list[list[str]] = [
     ["backend"],
     ["__init__"],  # the public names
     ["cli", "demo"],
+    ["__main__"],  # python -m statebackend: the cli
 ]
 
 def _root(argv_root: str | None = None) -> Path:
