@@ -60,9 +60,6 @@ if SPARK_TESTS not in sys.path:
     sys.path.insert(0, SPARK_TESTS)
 
 
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-
-
 @pytest.fixture(scope="session")
 def spark():
     """The suite's session: ``local[2,2]`` with Spark's streaming defaults, as users run
@@ -87,14 +84,11 @@ def spark():
 @pytest.fixture(scope="session")
 def spark_no_data(spark):
     """A session of the same application with no-data micro-batches off, for the queries
-    that cannot end under Spark's defaults: a ``ProcessingTime`` transformWithState (TTL
-    needs that mode) under ``availableNow``: Spark's own operator asks for another
-    micro-batch after every one in that mode, so its query never ends, and ours (the
-    carrier, as for every operator with timers) does the same (docs/scaling.md, "The
-    default")."""
-    session = spark.newSession()
-    session.conf.set(NO_DATA_BATCHES, "false")
-    return session
+    that cannot end under Spark's defaults (``harness.never_ends_under_defaults``: a
+    ``ProcessingTime`` transformWithState, which TTL needs, under ``availableNow``)."""
+    from harness import no_data_off
+
+    return no_data_off(spark)
 
 
 _S3_ENV = {

@@ -112,11 +112,10 @@ def scenario(spark, spec: dict, sc: dict) -> dict:
     from statebackend.supervisor import restore_report
 
     name = sc["name"]
-    if name == "processing_timer":
-        # Spark's defaults (no-data micro-batches on) otherwise: in ProcessingTime mode
-        # every micro-batch asks for another, so an availableNow query would never end
-        spark = spark.newSession()
-        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    if name == "processing_timer":  # Spark's defaults otherwise
+        from harness import no_data_off
+
+        spark = no_data_off(spark)  # its availableNow run would never end under them
     work = os.path.join(spec["work"], name)
     local = os.path.join(work, "local")
     url = f"s3://{spec['bucket']}/{name}"

@@ -41,7 +41,6 @@ FIDELITY = ("event-sessions", "row-min-max-event-time", "apply-event-sessions",
 SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 EVERY_STATE = "*"  # read_state's rows of every state (no state has this name)
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def session():
@@ -123,6 +122,7 @@ def backend_for(root: str, **options):
 def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     from fidelity_cases import CASE_BY_NAME, WATERMARK, builders
     from fidelity_cases import SCHEMA as FSCHEMA
+    from harness import NO_DATA_BATCHES, never_ends_under_defaults
 
     case = CASE_BY_NAME[name]
     root = os.path.join(work, "runs", name)
@@ -133,10 +133,10 @@ def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     # ours writes through a file sink, whose mode is Append: the mode ours declares
     theirs_q, ours_q = builders(case, backend, init_df, our_mode="Append")
     wm = WATERMARK if case.watermark else None
-    # Spark's defaults, but where Spark's own query would never end under availableNow
-    # (ProcessingTime mode asks for a micro-batch after every one): no-data batches off
-    # for these two queries (a query takes the session's conf when it starts)
-    if case.never_ends_under_defaults:
+    # Spark's defaults, but no-data micro-batches off for these two queries where their
+    # availableNow run would never end (a query takes the session's conf when it starts;
+    # a Connect session has no newSession)
+    if never_ends_under_defaults(case.mode):
         spark.conf.set(NO_DATA_BATCHES, "false")
     try:
         run_theirs(spark, input_dir, FSCHEMA, theirs_q, os.path.join(root, "ck-spark"),

@@ -112,10 +112,8 @@ def test_fidelity_case_on_connect_equals_spark_and_classic(spark, spark_no_data,
     init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
                                                   "init": [1000, 4000, 9000]}))
     _, ours_q = builders(case, _classic_backend(tmp_path), init_df)
-    # the job's session: Spark's defaults, or no-data micro-batches off where Spark's own
-    # query would never end under availableNow (fidelity_cases.Case)
-    session = spark_no_data if case.never_ends_under_defaults else spark
-    classic = run_stream(session, str(connect_run / "fidelity-input"), SCHEMA, ours_q,
+    # the job's session: Spark's defaults, or no-data micro-batches off (Case.session)
+    classic = run_stream(case.session(spark, spark_no_data), str(connect_run / "fidelity-input"), SCHEMA, ours_q,
                          str(tmp_path / "ck"), WATERMARK if case.watermark else None)
     assert_same(ours, classic)
     # read_state on Connect (every state as JSON, each state typed) = the classic reader's

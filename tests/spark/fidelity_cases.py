@@ -17,6 +17,7 @@ from typing import Any
 import fidelity_procs as F
 import numpy as np
 import pandas as pd
+from harness import never_ends_under_defaults
 
 SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP, tag STRING"
 OUT = "k STRING, v BIGINT, s STRING"
@@ -79,13 +80,11 @@ class Case:
     check: Any = None  # extra assertion on our per-batch output
     kwargs: dict = field(default_factory=dict)
 
-    @property
-    def never_ends_under_defaults(self) -> bool:
-        """Spark's own operator asks for a micro-batch after every one (timeMode
-        ProcessingTime, a processing-time timeout), so under ``availableNow`` with no-data
-        micro-batches on (Spark's default) its query never ends: such a case runs with them
-        off (the ``spark_no_data`` session)."""
-        return self.mode in ("ProcessingTime", "ProcessingTimeTimeout")
+    def session(self, spark, spark_no_data):
+        """The session to run the case in: Spark's defaults, or no-data micro-batches off
+        where its ``availableNow`` query would never end
+        (:func:`harness.never_ends_under_defaults`)."""
+        return spark_no_data if never_ends_under_defaults(self.mode) else spark
 
     @property
     def event_timers(self) -> bool:

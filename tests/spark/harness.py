@@ -8,6 +8,34 @@ from collections.abc import Callable
 
 import pandas as pd
 
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def never_ends_under_defaults(mode: str) -> bool:
+    """Whether an ``availableNow`` query with an operator in this time mode (or with this
+    timeout) never ends under Spark's defaults (no-data micro-batches on): in
+    ``ProcessingTime`` mode Spark's own operator asks for a micro-batch after every one,
+    and ours (the carrier, as for every operator with timers) does the same."""
+    return str(mode) in ("ProcessingTime", "ProcessingTimeTimeout")
+
+
+def no_data_off(spark):
+    """A session of ``spark``'s application with no-data micro-batches off (a query takes
+    its session's conf when it starts), for the queries of
+    :func:`never_ends_under_defaults`."""
+    session = spark.newSession()
+    session.conf.set(NO_DATA_BATCHES, "false")
+    return session
+
+
+def recorded_plan(backend, operator_id: str, last_batch: int) -> str | None:
+    """The plan (``placement``) recorded by the checkpoint of ``last_batch``, which Spark
+    committed (the query ended), completed here rather than waiting for the listener."""
+    backend.complete(operator_id, up_to=last_batch)
+    latest = backend.coordinator(operator_id).latest()
+    assert latest is not None and latest.checkpoint_id == last_batch
+    return latest.placement
+
 
 def write_batches(input_dir: str, batches: list[pd.DataFrame], start: int = 0) -> None:
     """One parquet file per micro-batch, named and dated in batch order.

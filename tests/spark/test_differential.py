@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import processors as P
 import pytest
-from harness import assert_same, run_stream, write_batches
+from harness import assert_same, never_ends_under_defaults, run_stream, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -68,9 +68,7 @@ def backend(tmp_path) -> RocksDBStateBackend:
                                            (P.MapOps, "None"), (P.TtlCount, "ProcessingTime")])
 def test_processor_without_timers(spark, spark_no_data, tmp_path, stream_dir, proc_cls, mode):
     be = backend(tmp_path)
-    # ProcessingTime mode: Spark's own query never ends under availableNow with no-data
-    # micro-batches on (conftest.spark_no_data)
-    both(spark_no_data if mode == "ProcessingTime" else spark, tmp_path, stream_dir,
+    both(spark_no_data if never_ends_under_defaults(mode) else spark, tmp_path, stream_dir,
          lambda df: df.groupBy("k").transformWithStateInPandas(proc_cls(), OUT, "Update", mode),
          lambda df: be.transform_with_state(df.groupBy("k"), proc_cls(), OUT, "Update", mode))
 

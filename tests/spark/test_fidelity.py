@@ -15,7 +15,13 @@ import fidelity_procs as F
 import pandas as pd
 import pytest
 from fidelity_cases import CASES, OUT, SCHEMA, WATERMARK, Case, builders, fidelity_batches
-from harness import assert_same, assert_same_but_empty_batches, run_stream, write_batches
+from harness import (
+    assert_same,
+    assert_same_but_empty_batches,
+    recorded_plan,
+    run_stream,
+    write_batches,
+)
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -38,7 +44,7 @@ def test_same_output_as_spark(spark, spark_no_data, tmp_path, input_dir, case: C
                                                   "init": [1000, 4000, 9000]}))
     theirs_q, ours_q = builders(case, backend, init_df)
     wm = WATERMARK if case.watermark else None
-    session = spark_no_data if case.never_ends_under_defaults else spark
+    session = case.session(spark, spark_no_data)
     theirs = run_stream(session, input_dir, SCHEMA, theirs_q, str(tmp_path / "ck-spark"), wm)
     ours = run_stream(session, input_dir, SCHEMA, ours_q, str(tmp_path / "ck-ours"), wm)
     assert len(theirs) >= 6, sorted(theirs)  # and any no-data micro-batch Spark ran
@@ -52,8 +58,7 @@ def test_same_output_as_spark(spark, spark_no_data, tmp_path, input_dir, case: C
         # the expirations in them are ours too: the default ran ours in the carrier
         assert len(theirs) > 6, sorted(theirs)
         [op] = backend.operator_ids()
-        backend.complete(op, up_to=max(ours))
-        assert backend.coordinator(op).latest().placement == "carrier"
+        assert recorded_plan(backend, op, max(ours)) == "carrier"
     if case.check is not None:
         case.check(ours)
 

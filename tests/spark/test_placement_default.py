@@ -19,7 +19,14 @@ import pandas as pd
 import pytest
 from chain_procs import EMIT_SCHEMA, EmitLatest
 from fidelity_cases import CASE_BY_NAME, SCHEMA, WATERMARK, builders, fidelity_batches
-from harness import assert_same, random_batches, run_stream, running_counts, write_batches
+from harness import (
+    assert_same,
+    random_batches,
+    recorded_plan,
+    run_stream,
+    running_counts,
+    write_batches,
+)
 from processors import RunningCount
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
@@ -39,15 +46,6 @@ def input_dir(tmp_path_factory):
 def _backend(tmp_path, **kw) -> RocksDBStateBackend:
     return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
         parallelism=2, local_dir=str(tmp_path / "local"), **kw))
-
-
-def _plan_of(backend, operator_id: str, last_batch: int) -> str | None:
-    """The plan recorded by the checkpoint of ``last_batch`` (which Spark committed: the
-    query ended), completed here rather than waiting for the listener to see it."""
-    backend.complete(operator_id, up_to=last_batch)
-    latest = backend.coordinator(operator_id).latest()
-    assert latest is not None and latest.checkpoint_id == last_batch
-    return latest.placement
 
 
 # Timers and timeouts under Spark's defaults, every micro-batch against Spark's own
@@ -81,7 +79,7 @@ def test_an_available_now_query_with_timers_ends(spark, tmp_path, input_dir):
         results[who] = out
     assert len(results["theirs"]) > len(fidelity_batches())
     assert_same(results["ours"], results["theirs"])
-    assert _plan_of(backend, _only_operator(tmp_path), max(results["ours"])) == "carrier"
+    assert recorded_plan(backend, _only_operator(tmp_path), max(results["ours"])) == "carrier"
 
 
 def _only_operator(tmp_path) -> str:
@@ -111,14 +109,14 @@ def test_a_location_the_shuffle_plan_wrote_keeps_it_and_continues_exactly(
     write_batches(inp, data[:3])
     old = _backend(tmp_path, placement="shuffle")
     out = run_stream(spark, inp, COUNT_SCHEMA, count(old), ck)
-    assert _plan_of(old, "counts", 2) == "shuffle"
+    assert recorded_plan(old, "counts", 2) == "shuffle"
     monkeypatch.setattr(placement, "master_of", lambda s: "spark://cluster:7077")
     write_batches(inp, data[3:], start=3)
     new = _backend(tmp_path)  # the default
     out = run_stream(spark, inp, COUNT_SCHEMA, count(new), ck, out=out)
     expected, totals = running_counts(data)
     assert_same(out, expected)
-    assert _plan_of(new, "counts", len(data) - 1) == "shuffle"
+    assert recorded_plan(new, "counts", len(data) - 1) == "shuffle"
     rows = new.read_state(spark, "counts", state_name="count").collect()
     assert {r.key.k: r.value[0] for r in rows} == totals
 

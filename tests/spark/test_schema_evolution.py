@@ -81,11 +81,12 @@ def test_transform_with_state_every_kind_keeps_its_values(spark_no_data, tmp_pat
     assert m == ref_m
 
 
-def test_incompatible_change_fails_in_the_task_when_planned_before_the_state(spark_no_data, tmp_path):
-    spark = spark_no_data  # ProcessingTime mode (TTL): no-data micro-batches off (conftest)
+def test_incompatible_change_fails_in_the_task_when_planned_before_the_state(spark_no_data,
+                                                                            tmp_path):
     """The backstop: a query planned while no checkpoint existed (the driver had nothing
     to check) meets state written since; its first task refuses the change before any
     write."""
+    spark = spark_no_data  # ProcessingTime mode (TTL): no-data micro-batches off (conftest)
     os.makedirs(tmp_path / "in")
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
         str(tmp_path / "in"))
