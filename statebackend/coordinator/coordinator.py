@@ -159,6 +159,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._lock = threading.RLock()
         self._registry = SharedStateRegistry(num_retained)
         self._watermark: int | None = None
+        self._initial_swept = False  # the staged initial state, once per coordinator
         # Published manifests read so far, by checkpoint id then path: the protected set
         # is made from those of the latest checkpoint, so they are not read twice.
         self._published: dict[int, dict[str, PartitionManifest]] = {}

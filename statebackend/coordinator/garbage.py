@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 
 from ..errors import CheckpointError
-from ..model.manifest import MANIFEST_NAME, checkpoint_dir, manifests_by_partition
+from ..model.manifest import (
+    INITIAL_STATE_DIR,
+    MANIFEST_NAME,
+    checkpoint_dir,
+    manifests_by_partition,
+)
 from .ownership import _Owner, log
 from .records import PINS_DIR, WATERMARK_PATH, GcReport
 from .registry import referenced_paths
@@ -97,6 +102,10 @@ class _Garbage(_Owner):
             start = self._watermark
             if start is None:
                 start = min(self._registry.checkpoints)
+            sweep_initial, self._initial_swept = not self._initial_swept, True
+        if sweep_initial:
+            # a checkpoint is complete: no run applies a staged initial state any more
+            report.deleted += self._delete(self._list(INITIAL_STATE_DIR))
         # Sweeps first: they move the watermark, and a crash before it is persisted only
         # repeats them.
         w = self._sweep(start, latest, protected, report)

@@ -39,6 +39,7 @@ class _Owner:
     _lock: threading.RLock
     _registry: SharedStateRegistry
     _watermark: int | None
+    _initial_swept: bool
     _published: dict[int, dict[str, PartitionManifest]]
     _digests: dict[str, str]
     _listings: dict[int, frozenset[str]]

@@ -53,6 +53,10 @@ MATERIALIZED_NAME = "_MATERIALIZED.json"
 MATERIALIZED_PREFIX = "m-"
 MODES = ("incremental", "changelog", "materialization")
 CHECKPOINTS_DIR = "_checkpoints"
+INITIAL_STATE_DIR = "_initial"
+"""Under the operator root: an initial state staged for a query's first run
+(:mod:`statebackend.task.initial_state`); the owner's first collection after a completed
+checkpoint deletes it (a checkpoint exists, so no later run applies it)."""
 
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9._=-]+$")
 

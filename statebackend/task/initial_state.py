@@ -22,13 +22,14 @@ import numpy as np
 import pandas as pd
 
 from ..errors import StateBackendError
+from ..model.manifest import INITIAL_STATE_DIR
 from .columns import KG_COL, KeySpec
 from .context import KeyGroups, check_rows_belong, group_by_key, kg_range_of
 
 __all__ = ["STAGE_DIR", "STAGE_SCHEMA", "InitialState", "initial_groups", "make_stage_task",
            "new_stage_id", "operator_root", "stage_partition"]
 
-STAGE_DIR = "_initial"
+STAGE_DIR = INITIAL_STATE_DIR
 # one row per staging task that had rows: what the driver collects
 STAGE_SCHEMA = "partition INT, path STRING, rows BIGINT"
 

@@ -127,3 +127,20 @@ def check_batches(ours: dict[int, pd.DataFrame], ref: dict[int, pd.DataFrame]) -
     for b in ref:
         pd.testing.assert_frame_equal(ours[b].astype({"v": "int64"}), ref[b], check_dtype=False,
                                       obj=f"micro-batch {b}")
+
+
+def watch_driver(monkeypatch, df_type, collected: list[int]) -> None:
+    """Fail any whole-DataFrame transfer to this process; count the rows of collect()."""
+    def refuse(self, *a, **k):
+        raise AssertionError("the driver collected a DataFrame")
+
+    real_collect = df_type.collect
+
+    def collect(self, *a, **k):
+        rows = real_collect(self, *a, **k)
+        collected.append(len(rows))
+        return rows
+
+    for name in ("toPandas", "toArrow", "toLocalIterator", "take", "head", "tail"):
+        monkeypatch.setattr(df_type, name, refuse)
+    monkeypatch.setattr(df_type, "collect", collect)

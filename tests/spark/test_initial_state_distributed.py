@@ -9,7 +9,7 @@ import os
 import pandas as pd
 import processors as P
 import pytest
-from harness import run_stream, write_batches
+from harness import run_stream, watch_driver, write_batches
 from pyspark.sql import functions as F
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
@@ -43,30 +43,13 @@ def _init(spark):
                     (F.col("id") + 1000).alias("init")))
 
 
-def _watch_driver(monkeypatch, df_type, collected: list[int]) -> None:
-    """Fail any whole-DataFrame transfer to this process; count the rows of collect()."""
-    def refuse(self, *a, **k):
-        raise AssertionError("the driver collected a DataFrame")
-
-    real_collect = df_type.collect
-
-    def collect(self, *a, **k):
-        rows = real_collect(self, *a, **k)
-        collected.append(len(rows))
-        return rows
-
-    for name in ("toPandas", "toArrow", "toLocalIterator", "take", "head", "tail"):
-        monkeypatch.setattr(df_type, name, refuse)
-    monkeypatch.setattr(df_type, "collect", collect)
-
-
 def test_initial_state_never_reaches_the_driver(spark, tmp_path, backend, monkeypatch):
     input_dir = str(tmp_path / "input")
     write_batches(input_dir, [_batch(["key1", "key7", "key7", "new"]), _batch(["key1", "key19999"])])
     init = _init(spark)
     collected: list[int] = []
     with monkeypatch.context() as m:
-        _watch_driver(m, type(init), collected)
+        watch_driver(m, type(init), collected)
         stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(input_dir)
         out = backend.transform_with_state(stream.groupBy("k"), P.InitialCount(), OUT, "Update",
                                            "None", initialState=init.groupBy("k"), operator_id="ic")
@@ -101,12 +84,22 @@ def test_initial_state_applies_on_the_first_run_only(spark, tmp_path, backend):
 
     first = run_stream(spark, input_dir, SCHEMA, build, ck)
     assert first[0].to_dict("list") == {"k": ["key1"], "v": [101]}
+    # once a checkpoint is complete, the owner's collection deletes the staged files
+    assert _staged(backend, tmp_path) == []
     # the restarted query (same checkpoint) keeps its state and stages nothing again
     write_batches(input_dir, [_batch(["key1", "key2"])], start=1)
     second = run_stream(spark, input_dir, SCHEMA, build, ck)
     assert second[1].to_dict("list") == {"k": ["key1", "key2"], "v": [102, 201]}
-    stages = os.listdir(tmp_path / "state" / "once" / STAGE_DIR)
-    assert len(stages) == 1
+    assert _staged(backend, tmp_path) == []
+
+
+def _staged(backend, tmp_path) -> list[str]:
+    """Files under the operator's staging directory, once the query's last micro-batch is
+    complete and the collection that follows a completion has run."""
+    backend.complete("once")
+    backend.coordinator("once").wait_for_gc()
+    root = tmp_path / "state" / "once" / STAGE_DIR
+    return [str(p) for p in root.rglob("*") if p.is_file()]
 
 
 def test_initial_state_key_types_must_match(spark, tmp_path, backend):
