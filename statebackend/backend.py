@@ -312,6 +312,35 @@ class RocksDBStateBackend:
                           savepoint=savepoint, distributed=distributed,
                           storage_options=self.storage_options or None)
 
+    def import_spark_state(self, spark: Any, spark_checkpoint: str, operator_id: str, *,
+                           spark_operator_id: int = 0, batch_id: int | None = None,
+                           name: str = "from-spark", progress: Any = None) -> Any:
+        """Move a stopped ``transformWithStateInPandas`` query's state from Spark's own
+        store into savepoint ``name`` of ``operator_id`` under this backend's location, in
+        one Spark job (Spark's ``statestore`` source, routed by key group; the driver never
+        holds the state). Value, list and map states keep their TTL expiries, timers
+        their times. Start the new query with ``from_savepoint=name`` and a new Spark
+        checkpoint location (docs/migration.md).
+
+        Parallelism and ``max_parallelism`` are this backend's options for ``spark``'s
+        session. Returns :class:`statebackend.spark.import_spark.ImportStep`; see
+        :func:`statebackend.spark.import_spark.import_spark_state` for the errors.
+        """
+        from .spark.import_spark import import_spark_state
+        from .storage import open_store
+
+        opts = self.options_for(spark)
+        parallelism = opts.parallelism or int(
+            str(spark.conf.get("spark.sql.shuffle.partitions")))
+        store = open_store(self.checkpoint_location,
+                           storage_options=self.storage_options or None)
+        return import_spark_state(
+            spark, store, self.checkpoint_location, operator_id, spark_checkpoint,
+            parallelism=parallelism, max_parallelism=opts.max_parallelism,
+            storage_options=self.storage_options or None,
+            spark_operator_id=spark_operator_id, batch_id=batch_id, name=name,
+            progress=progress)
+
     def read_changes(self, spark: Any, operator_id: str, from_id: int, to_id: int,
                      state_name: str | None = None) -> Any:
         """What was put and deleted from checkpoint ``from_id`` to ``to_id`` (both retained)

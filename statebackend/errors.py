@@ -245,9 +245,12 @@ class StateLocationInUseError(IncompatibleStateError):
 
 
 class MoveRefusedError(IncompatibleStateError):
-    """A move to the carrier plan (:func:`statebackend.savepoint.move.move_to_carrier`)
-    was refused before anything was written: the location already uses the carrier, or
-    the new state location is the old one or already holds state of the operator."""
+    """A move was refused before anything was written. To the carrier plan
+    (:func:`statebackend.savepoint.move.move_to_carrier`): the location already uses the
+    carrier, or the new state location is the old one or already holds state of the
+    operator. From Spark's state store
+    (:func:`statebackend.spark.import_spark.import_spark_state`): the Spark operator is
+    not a transformWithState one, or the operator already has checkpoints here."""
 
 
 class RestoreError(StateBackendError):

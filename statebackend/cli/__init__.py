@@ -11,11 +11,15 @@
                                                        savepoint NAME rekeyed for M key groups
     statebackend move     URL OPERATOR [--to URL2] [--name N]
                                                        savepoint + restart step to the carrier plan
+    statebackend import-spark URL OPERATOR --from SPARK_CHECKPOINT [--name N]
+                                                       savepoint of a stopped Spark query's
+                                                       transformWithState state (runs Spark)
 
 ``URL`` is the backend's ``checkpoint_location`` (a path or any fsspec URL). Nothing here
 writes to the store except ``gc`` without ``--dry-run``, ``savepoint``,
-``migrate-savepoint`` and ``move`` (which write a new savepoint and never change their
-source).
+``migrate-savepoint``, ``move`` and ``import-spark`` (which write a new savepoint and never
+change their source). Only ``import-spark`` needs Spark (it reads Spark's ``statestore``
+source in a Spark job).
 
 ``--json`` prints one JSON document instead of a table or summary. The long commands
 (``verify``, ``read``, ``gc``, ``savepoint``, ``migrate-savepoint``) redraw a progress line on
@@ -34,8 +38,11 @@ Exit codes (every command):
          checkpoint (CorruptStateError)
     2    bad usage: missing or malformed arguments, a number out of range, an unknown URL
          protocol, ``--storage-options`` that is not a JSON object, a ``move`` refused
-         (the location already uses the carrier plan, or ``--to`` holds state)
+         (the location already uses the carrier plan, or ``--to`` holds state), an
+         ``import-spark`` refused (the operator is not a transformWithState one, or the
+         location already holds state of OPERATOR)
     3    no such operator, checkpoint, state or partition, including a URL with no state
+         (``import-spark``: a Spark checkpoint without state or without that operator)
     4    storage failure (unreachable store, permissions, a name that already exists)
     130  interrupted
 
@@ -96,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     savepoints.add_savepoint(sub)
     savepoints.add_migrate_savepoint(sub)
     move.add_move(sub)
+    move.add_import_spark(sub)
     inspect.add_metrics(sub)
     return parser
 

@@ -314,3 +314,18 @@ def wait_for_listener_bus(spark: Any, timeout_s: float) -> None:
     if not is_connect(spark):
         bus = spark.sparkContext._jsc.sc().listenerBus()
         bus.waitUntilEmpty(int(timeout_s * 1000))
+
+
+def active_or_local_session(master: str, app_name: str) -> Any:
+    """pyspark's active session (a command run inside a Spark program), else a classic
+    session on ``master`` whose Python workers run this interpreter."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        return spark
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return SparkSession.builder.master(master).appName(app_name).getOrCreate()

@@ -113,11 +113,16 @@ class KeyedStateBackend:
         Writes accumulated before :meth:`flush` runs by itself (bounds memory).
     max_cached_entries : int
         Size of the read caches beyond which a flush empties them.
+    monotonic_clock : bool
+        Never let the clock go back (see :meth:`_clock`); False takes ``clock`` as given,
+        for a writer that replays recorded expiries in any order (the import from Spark's
+        store, :mod:`statebackend.task.import_spark`).
     """
 
     def __init__(self, instance: RocksDBInstance, timer_service: str = "rocksdb",
                  clock: Callable[[], int] | None = None, *,
-                 max_dirty_entries: int = 100_000, max_cached_entries: int = 1_000_000) -> None:
+                 max_dirty_entries: int = 100_000, max_cached_entries: int = 1_000_000,
+                 monotonic_clock: bool = True) -> None:
         if timer_service not in _TIMER_SERVICES:
             raise OptionsError("timer_service", timer_service,
                                f"timer_service must be one of {sorted(_TIMER_SERVICES)}, "
@@ -128,6 +133,7 @@ class KeyedStateBackend:
         self._instance = instance
         self._source_clock: Callable[[], int] = clock or _wall_clock_ms
         self._clock_high = _INT64[0]
+        self._monotonic = monotonic_clock
         self.max_dirty_entries = max_dirty_entries
         self.max_cached_entries = max_cached_entries
         self._current_key: bytes | None = None
@@ -153,6 +159,8 @@ class KeyedStateBackend:
         of every batch gives the same guarantee.
         """
         now = int(self._source_clock())
+        if not self._monotonic:
+            return now
         if now < self._clock_high:
             return self._clock_high
         self._clock_high = now

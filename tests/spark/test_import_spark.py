@@ -1,0 +1,214 @@
+"""The one-step move from Spark's own state store (issue 35 item 4): a stopped Spark
+``transformWithStateInPandas`` query's state, read through Spark's ``statestore`` source,
+becomes a savepoint of ours; the query started on our backend from it gives Spark's answers
+in every following micro-batch (Spark's own query continuing from its checkpoint is the
+reference), and ``read_state`` of the savepoint equals Spark's export entry by entry,
+expiries included."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import import_procs as IP
+import pandas as pd
+import pytest
+from harness import assert_same, run_stream, watch_driver, write_batches
+from pyspark.sql import DataFrame
+
+from statebackend import RocksDBStateBackend, StateBackendOptions
+from statebackend.cli import main
+from statebackend.errors import CheckpointNotFoundError, MoveRefusedError, StorageError
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
+T0 = pd.Timestamp("2026-11-28 09:00:00")
+
+
+def _batch(i: int) -> pd.DataFrame:
+    # a null key, keys seen once (once-<i>), repeated keys, out-of-order event times
+    keys = ["a", "b", None, "a", f"once-{i}", "c", "b", "a"]
+    return pd.DataFrame({"k": keys, "x": [(7 * i + j) % 11 for j in range(len(keys))],
+                         "ts": [T0 + pd.Timedelta(seconds=30 * i - 5 * j) for j in range(len(keys))]})
+
+
+BEFORE = [_batch(i) for i in range(3)]
+AFTER = [_batch(i) for i in range(3, 6)]
+
+
+def _spark_query(df):
+    return df.groupBy("k").transformWithStateInPandas(IP.EveryState(), IP.OUT, "Update",
+                                                      "ProcessingTime")
+
+
+@pytest.fixture(scope="module")
+def stopped(spark_no_data, tmp_path_factory):
+    """A Spark query that ran three micro-batches on Spark's own operator and stopped."""
+    d = tmp_path_factory.mktemp("import-spark")
+    write_batches(str(d / "in"), BEFORE)
+    out = run_stream(spark_no_data, str(d / "in"), SCHEMA, _spark_query, str(d / "spark-ck"))
+    assert len(out) == 3
+    return d
+
+
+def _canon(v) -> str:
+    return json.dumps(v.asDict(recursive=True) if hasattr(v, "asDict") else v,
+                      sort_keys=True, default=str)
+
+
+def _spark_export(spark, ck: str) -> dict[str, list[tuple]]:
+    """Spark's export of every state, as (key, user key, value, expiry) in list order."""
+    read = spark.read.format("statestore")
+    out: dict[str, list[tuple]] = {}
+    for r in read.option("stateVarName", "cnt").load(ck).collect():
+        out.setdefault("cnt", []).append((r.key.k, None, _canon(r.value.value),
+                                          r.value.ttlExpirationMs))
+    for r in read.option("stateVarName", "hist").option("flattenCollectionTypes", "false"
+                                                         ).load(ck).collect():
+        for e in r.list_value:
+            out.setdefault("hist", []).append((r.key.k, None, _canon(e.value),
+                                               e.ttlExpirationMs))
+    for r in read.option("stateVarName", "tags").option("flattenCollectionTypes", "true"
+                                                         ).load(ck).collect():
+        out.setdefault("tags", []).append((r.key.k, _canon(r.user_map_key),
+                                           _canon(r.user_map_value.value),
+                                           r.user_map_value.ttlExpirationMs))
+    return out
+
+
+def _ours(backend, spark, operator_id: str, savepoint: str) -> dict[str, list[tuple]]:
+    out: dict[str, list[tuple]] = {}
+    for name in ("cnt", "hist", "tags"):
+        rows = backend.read_state(spark, operator_id, state_name=name,
+                                  savepoint=savepoint).collect()
+        out[name] = [(r.key.k, None if r.user_key is None else _canon(r.user_key),
+                      _canon(r.value), r.expiration_ms) for r in rows]
+    return out
+
+
+def _in_key_order(entries: list[tuple]) -> dict:
+    """Entries per key, in their order (a list's order is part of its value)."""
+    per: dict = {}
+    for e in entries:
+        per.setdefault(e[0], []).append(e[1:])
+    return per
+
+
+def test_a_spark_query_moves_in_one_step_and_continues_with_sparks_answers(
+        spark_no_data, stopped, tmp_path, monkeypatch):
+    spark = spark_no_data
+    ck = str(stopped / "spark-ck")
+    backend = RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
+        parallelism=3, local_dir=str(tmp_path / "local")))
+    collected: list[int] = []
+    with monkeypatch.context() as m:
+        watch_driver(m, DataFrame, collected)
+        step = backend.import_spark_state(spark, ck, "every")
+    # the driver saw Spark's operator metadata (one row) and one row per partition
+    assert sum(collected) <= 1 + 3, collected
+    theirs_export = _spark_export(spark, ck)
+    keys = {k for b in BEFORE for k in b["k"]}
+    # one row per key of a value and of a list (lists unflattened), one per map entry
+    assert step.rows["cnt"] == step.rows["hist"] == len(keys) == 7
+    assert step.rows["tags"] == len(theirs_export["tags"]) > len(keys)
+    assert step.rows["$timers"] > len(keys)
+    # read_state of the savepoint = Spark's export, expiries included; lists in order
+    ours_export = _ours(backend, spark, "every", step.savepoint)
+    for name in ("cnt", "tags"):
+        assert sorted(ours_export[name], key=str) == sorted(theirs_export[name], key=str), name
+    assert _in_key_order(ours_export["hist"]) == _in_key_order(theirs_export["hist"])
+
+    # Spark's query continues from its own checkpoint: the reference
+    write_batches(str(stopped / "in"), AFTER, start=3)
+    theirs = run_stream(spark, str(stopped / "in"), SCHEMA, _spark_query, ck)
+    assert sorted(theirs) == [3, 4, 5]
+    # ours starts from the savepoint with a new Spark checkpoint and the source positioned
+    # where Spark's stopped (here: a directory of the later files)
+    write_batches(str(tmp_path / "in"), AFTER)
+    moved = RocksDBStateBackend(backend.checkpoint_location, StateBackendOptions(
+        parallelism=3, local_dir=str(tmp_path / "local")), from_savepoint=step.savepoint)
+    ours = run_stream(spark, str(tmp_path / "in"), SCHEMA,
+                      lambda df: moved.transform_with_state(
+                          df.groupBy("k"), IP.EveryState(), IP.OUT, "Update", "ProcessingTime",
+                          operator_id="every"), str(tmp_path / "ck"))
+    assert_same({b + 3: v for b, v in ours.items()}, theirs)
+    # the imported timers are the processor's: every key's count of them carried over
+    assert (theirs[3]["timers"] > 1).any()
+
+
+def test_an_imported_expiry_in_the_past_is_expired_for_ours(tmp_path):
+    """TTL is Spark's: a value whose recorded expiry has passed is gone for the processor,
+    one still ahead lives (the task's replay, without Spark)."""
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from statebackend.keys.grouping_key import encode_grouping_key
+    from statebackend.keys.ranges import key_group_range
+    from statebackend.rocksdb.instance import RocksDBInstance
+    from statebackend.state.backend import KeyedStateBackend
+    from statebackend.task.import_spark import KG, VAR, ImportPlan, StateVariable, _replay
+
+    var = StateVariable("cnt", "value", StructType([StructField("n", LongType())]), None, True)
+    plan = ImportPlan(str(tmp_path), {}, "op", "_savepoints/x", ("k",), ("string",), (var,),
+                      1, 8)
+    future = 4_102_444_800_000
+    batch = pa.RecordBatch.from_pylist([
+        {"k": "old", VAR: 0, "__sb_v0": {"value": {"n": 1}, "ttlExpirationMs": 1_000}, KG: 3},
+        {"k": "new", VAR: 0, "__sb_v0": {"value": {"n": 2}, "ttlExpirationMs": future}, KG: 5}])
+    inst = RocksDBInstance(str(tmp_path / "db"))
+    assert _replay(inst, iter([batch]), plan, key_group_range(0, 1, 8), 0) == {0: 2}
+    kb = KeyedStateBackend(inst)
+    cnt = kb.value_state("cnt", "n BIGINT", ttl_ms=60_000)
+    kb.set_current_key(encode_grouping_key(("old",), ("string",), 3))
+    assert cnt.get() is None
+    kb.set_current_key(encode_grouping_key(("new",), ("string",), 5))
+    assert tuple(cnt.get()) == (2,)
+    kb.close()
+    inst.close()
+
+
+def test_refusals_name_the_cause_and_write_nothing(spark_no_data, stopped, tmp_path):
+    spark = spark_no_data
+    ck = str(stopped / "spark-ck")
+    loc = str(tmp_path / "state")
+    backend = RocksDBStateBackend(loc, StateBackendOptions(parallelism=2))
+    with pytest.raises(CheckpointNotFoundError, match="no stateful operator 4"):
+        backend.import_spark_state(spark, ck, "every", spark_operator_id=4)
+    with pytest.raises(CheckpointNotFoundError, match="holds no stateful operator"):
+        backend.import_spark_state(spark, str(tmp_path / "nothing"), "every")
+    assert not os.path.exists(loc) or not os.listdir(loc)
+    backend.import_spark_state(spark, ck, "every", name="first")
+    with pytest.raises(StorageError, match="already exists"):
+        backend.import_spark_state(spark, ck, "every", name="first")
+
+    # an applyInPandasWithState query's state is not transformWithState state
+    def count(key, frames, state):
+        yield pd.DataFrame({"k": [key[0]], "n": [sum(len(f) for f in frames)]})
+
+    other = tmp_path / "apply"
+    write_batches(str(other / "in"), BEFORE[:1])
+    run_stream(spark, str(other / "in"), SCHEMA, lambda df: df.groupBy("k").applyInPandasWithState(
+        count, "k STRING, n BIGINT", "n BIGINT", "Update", "NoTimeout"), str(other / "ck"))
+    with pytest.raises(MoveRefusedError, match="not a transformWithState operator"):
+        backend.import_spark_state(spark, str(other / "ck"), "apply")
+    assert not os.path.exists(os.path.join(loc, "apply"))
+
+
+def test_the_cli_imports_and_refuses_with_its_exit_codes(spark_no_data, stopped, tmp_path,
+                                                         capsys):
+    ck = str(stopped / "spark-ck")
+    loc = str(tmp_path / "state")
+    assert main(["import-spark", loc, "every", "--from", ck, "--parallelism", "2",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["savepoint"] == doc["from_savepoint"] == "from-spark"
+    assert doc["rows"]["cnt"] > 0 and "from_savepoint='from-spark'" in doc["restart"]
+    assert os.path.exists(os.path.join(loc, "every", "_savepoints", "from-spark",
+                                       "_SAVEPOINT.json"))
+    # the same name again: storage refuses to overwrite (4); no Spark state there (3)
+    assert main(["import-spark", loc, "every", "--from", ck]) == 4
+    assert main(["import-spark", loc, "other", "--from", str(tmp_path / "none")]) == 3
+    with pytest.raises(SystemExit) as bad:
+        main(["import-spark", loc, "every", "--from", ck, "--spark-operator-id", "-1"])
+    assert bad.value.code == 2
