@@ -4,8 +4,6 @@ applies on the query's first run only, as Spark's."""
 
 from __future__ import annotations
 
-import os
-
 import pandas as pd
 import processors as P
 import pytest
