@@ -258,6 +258,42 @@ def supervised(spark, work: str) -> None:
                              "latest": be.coordinator("sup").latest().checkpoint_id})
 
 
+def import_from_spark(spark, work: str) -> None:
+    """The one-step move from Spark's store on Connect: Spark's own operator runs three
+    micro-batches and stops, its state becomes our savepoint, then Spark's query continues
+    from its checkpoint and ours from the savepoint on the same later input."""
+    import import_procs as IP
+    from harness import NO_DATA_BATCHES, write_batches
+
+    from statebackend import RocksDBStateBackend, StateBackendOptions
+
+    root = os.path.join(work, "runs", "import")
+    out = os.path.join(work, "results", "import")
+    in_spark, in_ours = os.path.join(root, "in-spark"), os.path.join(root, "in-ours")
+    ck = os.path.join(root, "ck-spark")
+    write_batches(in_spark, IP.BEFORE)
+    spark.conf.set(NO_DATA_BATCHES, "false")  # ProcessingTime under availableNow
+    try:
+        run_theirs(spark, in_spark, SCHEMA, IP.spark_query, ck, os.path.join(out, "before"))
+        be = backend_for(root)
+        step = be.import_spark_state(spark, ck, "every")
+        exports = {"spark": IP.spark_export(spark, ck),
+                   "ours": IP.ours_export(be, spark, "every", step.savepoint)}
+        write_batches(in_spark, IP.AFTER, start=3)
+        run_theirs(spark, in_spark, SCHEMA, IP.spark_query, ck, os.path.join(out, "theirs"))
+        write_batches(in_ours, IP.AFTER)
+        moved = RocksDBStateBackend(be.checkpoint_location, StateBackendOptions(
+            parallelism=2, local_dir=os.path.join(root, "local")), from_savepoint=step.savepoint)
+        # ours writes through a file sink, whose mode is Append: the mode ours declares
+        run_stream(spark, in_ours, SCHEMA, lambda df: moved.transform_with_state(
+            df.groupBy("k"), IP.EveryState(), IP.OUT, "Append", "ProcessingTime",
+            operator_id="every"), os.path.join(root, "ck-ours"), os.path.join(out, "ours"))
+    finally:
+        spark.conf.unset(NO_DATA_BATCHES)
+    pd.to_pickle(exports, os.path.join(out, "exports.pkl"))
+    _json(out, "meta.json", {"rows": step.rows, "entries": step.entries})
+
+
 def _json(out: str, name: str, value) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name), "w") as f:
@@ -272,7 +308,8 @@ def main(argv: list[str]) -> int:
                  for name in FIDELITY]
     scenarios += [("restart", lambda: restart_and_feed(spark, work)),
                   ("vector", lambda: vector_blocks(spark, work)),
-                  ("supervise", lambda: supervised(spark, work))]
+                  ("supervise", lambda: supervised(spark, work)),
+                  ("import", lambda: import_from_spark(spark, work))]
     only = set(argv[2:])  # names: run only these (by hand, while debugging one)
     failed = 0
     for name, run in scenarios:

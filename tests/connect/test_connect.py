@@ -192,3 +192,19 @@ def test_demo_on_a_connect_session(tmp_path):
     assert "totals match" in proc.stdout
     assert [line.split("|")[0].strip() for line in proc.stdout.splitlines()
             if line.startswith("batch ")] == ["batch   0", "batch   1", "batch   2"]
+
+
+def test_a_move_from_sparks_store_on_connect(connect_run):
+    """The one-step move on Connect: the savepoint's read_state equals Spark's export (read
+    on Connect), and the moved query's micro-batches equal Spark's query continuing from
+    its checkpoint."""
+    import import_procs as IP
+
+    out = _result(connect_run, "import")
+    exports = pd.read_pickle(out / "exports.pkl")
+    IP.assert_same_exports(exports["ours"], exports["spark"])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["rows"]["cnt"] == 7 and meta["rows"]["$timers"] > 7
+    theirs, ours = _batches(out / "theirs"), _batches(out / "ours")
+    assert sorted(theirs) == [3, 4, 5]
+    assert_same({b + 3: v for b, v in ours.items()}, theirs)

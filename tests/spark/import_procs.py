@@ -1,7 +1,11 @@
-"""Processors of the import tests (workers unpickle them by module name): every kind of
-state Spark's transformWithStateInPandas keeps, each with a TTL, and timers."""
+"""The import tests' processor (workers unpickle it by module name): every kind of state
+Spark's transformWithStateInPandas keeps, each with a TTL, and timers; their input, and the
+two exports they compare (Spark's ``statestore`` source and our ``read_state``), shared by
+tests/spark/test_import_spark.py and the Connect job."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
@@ -51,3 +55,76 @@ class EveryState(StatefulProcessor):
 
 
 OUT = "k STRING, n BIGINT, hist STRING, tags STRING, seen STRING, timers BIGINT"
+
+
+T0 = pd.Timestamp("2026-11-28 09:00:00")
+
+
+def batch(i: int) -> pd.DataFrame:
+    """Micro-batch ``i``: a null key, a key seen once (once-<i>), repeated keys, event
+    times out of order."""
+    keys = ["a", "b", None, "a", f"once-{i}", "c", "b", "a"]
+    return pd.DataFrame({"k": keys, "x": [(7 * i + j) % 11 for j in range(len(keys))],
+                         "ts": [T0 + pd.Timedelta(seconds=30 * i - 5 * j)
+                                for j in range(len(keys))]})
+
+
+BEFORE = [batch(i) for i in range(3)]  # Spark's operator, before the move
+AFTER = [batch(i) for i in range(3, 6)]  # after it
+
+
+def spark_query(df):
+    """Spark's own operator with the processor."""
+    return df.groupBy("k").transformWithStateInPandas(EveryState(), OUT, "Update",
+                                                      "ProcessingTime")
+
+
+def _canon(v) -> str:
+    return json.dumps(v.asDict(recursive=True) if hasattr(v, "asDict") else v,
+                      sort_keys=True, default=str)
+
+
+def spark_export(spark, ck: str) -> dict[str, list[tuple]]:
+    """Spark's export of every state, as (key, user key, value, expiry) in list order."""
+    read = spark.read.format("statestore")
+    out: dict[str, list[tuple]] = {}
+    for r in read.option("stateVarName", "cnt").load(ck).collect():
+        out.setdefault("cnt", []).append((r.key.k, None, _canon(r.value.value),
+                                          r.value.ttlExpirationMs))
+    for r in read.option("stateVarName", "hist").option("flattenCollectionTypes", "false"
+                                                         ).load(ck).collect():
+        for e in r.list_value:
+            out.setdefault("hist", []).append((r.key.k, None, _canon(e.value),
+                                               e.ttlExpirationMs))
+    for r in read.option("stateVarName", "tags").option("flattenCollectionTypes", "true"
+                                                         ).load(ck).collect():
+        out.setdefault("tags", []).append((r.key.k, _canon(r.user_map_key),
+                                           _canon(r.user_map_value.value),
+                                           r.user_map_value.ttlExpirationMs))
+    return out
+
+
+def ours_export(backend, spark, operator_id: str, savepoint: str) -> dict[str, list[tuple]]:
+    """``read_state`` of the savepoint, in :func:`spark_export`'s form."""
+    out: dict[str, list[tuple]] = {}
+    for name in ("cnt", "hist", "tags"):
+        rows = backend.read_state(spark, operator_id, state_name=name,
+                                  savepoint=savepoint).collect()
+        out[name] = [(r.key.k, None if r.user_key is None else _canon(r.user_key),
+                      _canon(r.value), r.expiration_ms) for r in rows]
+    return out
+
+
+def in_key_order(entries: list[tuple]) -> dict:
+    """Entries per key, in their order (a list's order is part of its value)."""
+    per: dict = {}
+    for e in entries:
+        per.setdefault(e[0], []).append(e[1:])
+    return per
+
+
+def assert_same_exports(ours: dict[str, list[tuple]], theirs: dict[str, list[tuple]]) -> None:
+    """Every entry equal, expiries included; each key's list in Spark's order."""
+    for name in ("cnt", "tags"):
+        assert sorted(ours[name], key=str) == sorted(theirs[name], key=str), name
+    assert in_key_order(ours["hist"]) == in_key_order(theirs["hist"])

@@ -23,76 +23,16 @@ from statebackend.errors import CheckpointNotFoundError, MoveRefusedError, Stora
 pytestmark = pytest.mark.spark
 
 SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
-T0 = pd.Timestamp("2026-11-28 09:00:00")
-
-
-def _batch(i: int) -> pd.DataFrame:
-    # a null key, keys seen once (once-<i>), repeated keys, out-of-order event times
-    keys = ["a", "b", None, "a", f"once-{i}", "c", "b", "a"]
-    return pd.DataFrame({"k": keys, "x": [(7 * i + j) % 11 for j in range(len(keys))],
-                         "ts": [T0 + pd.Timedelta(seconds=30 * i - 5 * j) for j in range(len(keys))]})
-
-
-BEFORE = [_batch(i) for i in range(3)]
-AFTER = [_batch(i) for i in range(3, 6)]
-
-
-def _spark_query(df):
-    return df.groupBy("k").transformWithStateInPandas(IP.EveryState(), IP.OUT, "Update",
-                                                      "ProcessingTime")
 
 
 @pytest.fixture(scope="module")
 def stopped(spark_no_data, tmp_path_factory):
     """A Spark query that ran three micro-batches on Spark's own operator and stopped."""
     d = tmp_path_factory.mktemp("import-spark")
-    write_batches(str(d / "in"), BEFORE)
-    out = run_stream(spark_no_data, str(d / "in"), SCHEMA, _spark_query, str(d / "spark-ck"))
+    write_batches(str(d / "in"), IP.BEFORE)
+    out = run_stream(spark_no_data, str(d / "in"), SCHEMA, IP.spark_query, str(d / "spark-ck"))
     assert len(out) == 3
     return d
-
-
-def _canon(v) -> str:
-    return json.dumps(v.asDict(recursive=True) if hasattr(v, "asDict") else v,
-                      sort_keys=True, default=str)
-
-
-def _spark_export(spark, ck: str) -> dict[str, list[tuple]]:
-    """Spark's export of every state, as (key, user key, value, expiry) in list order."""
-    read = spark.read.format("statestore")
-    out: dict[str, list[tuple]] = {}
-    for r in read.option("stateVarName", "cnt").load(ck).collect():
-        out.setdefault("cnt", []).append((r.key.k, None, _canon(r.value.value),
-                                          r.value.ttlExpirationMs))
-    for r in read.option("stateVarName", "hist").option("flattenCollectionTypes", "false"
-                                                         ).load(ck).collect():
-        for e in r.list_value:
-            out.setdefault("hist", []).append((r.key.k, None, _canon(e.value),
-                                               e.ttlExpirationMs))
-    for r in read.option("stateVarName", "tags").option("flattenCollectionTypes", "true"
-                                                         ).load(ck).collect():
-        out.setdefault("tags", []).append((r.key.k, _canon(r.user_map_key),
-                                           _canon(r.user_map_value.value),
-                                           r.user_map_value.ttlExpirationMs))
-    return out
-
-
-def _ours(backend, spark, operator_id: str, savepoint: str) -> dict[str, list[tuple]]:
-    out: dict[str, list[tuple]] = {}
-    for name in ("cnt", "hist", "tags"):
-        rows = backend.read_state(spark, operator_id, state_name=name,
-                                  savepoint=savepoint).collect()
-        out[name] = [(r.key.k, None if r.user_key is None else _canon(r.user_key),
-                      _canon(r.value), r.expiration_ms) for r in rows]
-    return out
-
-
-def _in_key_order(entries: list[tuple]) -> dict:
-    """Entries per key, in their order (a list's order is part of its value)."""
-    per: dict = {}
-    for e in entries:
-        per.setdefault(e[0], []).append(e[1:])
-    return per
 
 
 def test_a_spark_query_moves_in_one_step_and_continues_with_sparks_answers(
@@ -107,25 +47,23 @@ def test_a_spark_query_moves_in_one_step_and_continues_with_sparks_answers(
         step = backend.import_spark_state(spark, ck, "every")
     # the driver saw Spark's operator metadata (one row) and one row per partition
     assert sum(collected) <= 1 + 3, collected
-    theirs_export = _spark_export(spark, ck)
-    keys = {k for b in BEFORE for k in b["k"]}
+    theirs_export = IP.spark_export(spark, ck)
+    keys = {k for b in IP.BEFORE for k in b["k"]}
     # one row per key of a value and of a list (lists unflattened), one per map entry
     assert step.rows["cnt"] == step.rows["hist"] == len(keys) == 7
     assert step.rows["tags"] == len(theirs_export["tags"]) > len(keys)
     assert step.rows["$timers"] > len(keys)
     # read_state of the savepoint = Spark's export, expiries included; lists in order
-    ours_export = _ours(backend, spark, "every", step.savepoint)
-    for name in ("cnt", "tags"):
-        assert sorted(ours_export[name], key=str) == sorted(theirs_export[name], key=str), name
-    assert _in_key_order(ours_export["hist"]) == _in_key_order(theirs_export["hist"])
+    ours_export = IP.ours_export(backend, spark, "every", step.savepoint)
+    IP.assert_same_exports(ours_export, theirs_export)
 
     # Spark's query continues from its own checkpoint: the reference
-    write_batches(str(stopped / "in"), AFTER, start=3)
-    theirs = run_stream(spark, str(stopped / "in"), SCHEMA, _spark_query, ck)
+    write_batches(str(stopped / "in"), IP.AFTER, start=3)
+    theirs = run_stream(spark, str(stopped / "in"), SCHEMA, IP.spark_query, ck)
     assert sorted(theirs) == [3, 4, 5]
     # ours starts from the savepoint with a new Spark checkpoint and the source positioned
     # where Spark's stopped (here: a directory of the later files)
-    write_batches(str(tmp_path / "in"), AFTER)
+    write_batches(str(tmp_path / "in"), IP.AFTER)
     moved = RocksDBStateBackend(backend.checkpoint_location, StateBackendOptions(
         parallelism=3, local_dir=str(tmp_path / "local")), from_savepoint=step.savepoint)
     ours = run_stream(spark, str(tmp_path / "in"), SCHEMA,
@@ -187,7 +125,7 @@ def test_refusals_name_the_cause_and_write_nothing(spark_no_data, stopped, tmp_p
         yield pd.DataFrame({"k": [key[0]], "n": [sum(len(f) for f in frames)]})
 
     other = tmp_path / "apply"
-    write_batches(str(other / "in"), BEFORE[:1])
+    write_batches(str(other / "in"), IP.BEFORE[:1])
     run_stream(spark, str(other / "in"), SCHEMA, lambda df: df.groupBy("k").applyInPandasWithState(
         count, "k STRING, n BIGINT", "n BIGINT", "Update", "NoTimeout"), str(other / "ck"))
     with pytest.raises(MoveRefusedError, match="not a transformWithState operator"):
