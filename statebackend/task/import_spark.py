@@ -244,7 +244,11 @@ def _replay(inst: RocksDBInstance, batches: Iterator[Any], plan: ImportPlan,
             rng: KeyGroupRange, partition: int) -> dict[int, int]:
     """Write the rows of ``batches`` into ``inst``; the rows read per variable index."""
     clock = _Clock()
-    kb = KeyedStateBackend(inst, clock=clock, monotonic_clock=False)
+    # writes only (a list's later run of elements reads the earlier one back): no read
+    # cache, and small write batches; a worker replaying 600,000 keys of four states
+    # peaked at 396 MB so against 573 MB with the defaults (RocksDB's memtables remain)
+    kb = KeyedStateBackend(inst, clock=clock, monotonic_clock=False,
+                           max_dirty_entries=10_000, max_cached_entries=0)
     states = [_declare(kb, v) for v in plan.variables]
     types = [_payload_type(v) for v in plan.variables]
     rows: dict[int, int] = {}
