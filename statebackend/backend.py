@@ -314,7 +314,7 @@ class RocksDBStateBackend:
 
     def import_spark_state(self, spark: Any, spark_checkpoint: str, operator_id: str, *,
                            spark_operator_id: int = 0, batch_id: int | None = None,
-                           name: str = "from-spark", progress: Any = None) -> Any:
+                           name: str = "from-spark") -> Any:
         """Move a stopped ``transformWithStateInPandas`` query's state from Spark's own
         store into savepoint ``name`` of ``operator_id`` under this backend's location, in
         one Spark job (Spark's ``statestore`` source, routed by key group; the driver never
@@ -338,8 +338,7 @@ class RocksDBStateBackend:
             spark, store, self.checkpoint_location, operator_id, spark_checkpoint,
             parallelism=parallelism, max_parallelism=opts.max_parallelism,
             storage_options=self.storage_options or None,
-            spark_operator_id=spark_operator_id, batch_id=batch_id, name=name,
-            progress=progress)
+            spark_operator_id=spark_operator_id, batch_id=batch_id, name=name)
 
     def read_changes(self, spark: Any, operator_id: str, from_id: int, to_id: int,
                      state_name: str | None = None) -> Any:

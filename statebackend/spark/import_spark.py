@@ -28,7 +28,6 @@ from typing import Any
 
 from ..errors import CheckpointNotFoundError, MoveRefusedError, OptionsError
 from ..model.manifest import StateDescriptor, check_component
-from ..progress import ProgressFn
 from ..redact import redact_url
 from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.format import SAVEPOINT_MANIFEST, SavepointManifest
@@ -218,8 +217,7 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
                        spark_checkpoint: str, *, parallelism: int, max_parallelism: int,
                        storage_options: dict[str, Any] | None = None,
                        spark_operator_id: int = 0, batch_id: int | None = None,
-                       name: str = "from-spark", compression: str = "snappy",
-                       progress: ProgressFn | None = None) -> ImportStep:
+                       name: str = "from-spark", compression: str = "snappy") -> ImportStep:
     """Write savepoint ``name`` of ``operator_id`` under ``location`` from the state of
     Spark operator ``spark_operator_id`` in the stopped query's ``spark_checkpoint``.
 
@@ -256,9 +254,14 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
                       variables=tuple(variables), parallelism=parallelism,
                       max_parallelism=max_parallelism, compression=compression)
     by_partition = _write_files(op_store, plan, plans.place(union, key, parallelism,
-                                                            max_parallelism), progress)
+                                                            max_parallelism))
     manifest = _manifest(plan, name, by_partition, spark_checkpoint, spark_operator_id,
                          batch_id, t0)
+    # files of attempts Spark did not keep (a retried or speculative task's) go first
+    named = {f"{sp_dir}/{f}" for f in manifest.files}
+    stray = [p for p in op_store.list_dir(sp_dir) if p not in named]
+    if stray:
+        op_store.delete(stray)
     op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
     rows = {v.name: sum(json.loads(r["rows"]).get(str(i), 0) for r in by_partition.values())
             for i, v in enumerate(variables)}
@@ -272,17 +275,16 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
                       restart_step(location, operator_id, name))
 
 
-def _write_files(op_store: DurableStore, plan: ImportPlan, placed: Any,
-                 progress: ProgressFn | None) -> dict[int, dict[str, Any]]:
-    """Run the import job; the row of each partition's data file (written by the driver
-    for a partition Spark ran no task for)."""
+def _write_files(op_store: DurableStore, plan: ImportPlan, placed: Any
+                 ) -> dict[int, dict[str, Any]]:
+    """Run the import job (its progress is Spark's: one stage of ``parallelism`` tasks);
+    the row of each partition's data file (written by the driver for a partition Spark ran
+    no task for)."""
     written = placed.mapInArrow(make_import_task(plan), IMPORT_SCHEMA).collect()
     by_partition = {int(r["partition"]): r.asDict() for r in written}
     for p in range(plan.parallelism):
         if p not in by_partition:
             by_partition[p] = _empty_file(op_store, plan, p)
-        if progress is not None:
-            progress(p + 1, plan.parallelism, 0, 0)
     return by_partition
 
 

@@ -106,6 +106,30 @@ def test_an_imported_expiry_in_the_past_is_expired_for_ours(tmp_path):
     inst.close()
 
 
+def test_files_of_attempts_spark_did_not_keep_are_not_left_behind(spark_no_data, stopped,
+                                                                 tmp_path, monkeypatch):
+    """A retried or speculative task's data file (named by its attempt) is deleted before
+    the savepoint's manifest is published: the directory holds what the manifest names."""
+    import statebackend.spark.import_spark as driver
+
+    real = driver._write_files
+
+    def with_a_lost_attempt(op_store, plan, placed):
+        written = real(op_store, plan, placed)
+        op_store.put_bytes_atomic(f"{plan.savepoint_dir}/part-00000-00009-t9-a0-lost.sbsp",
+                                  b"an attempt Spark did not keep")
+        return written
+
+    monkeypatch.setattr(driver, "_write_files", with_a_lost_attempt)
+    backend = RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(parallelism=2))
+    step = backend.import_spark_state(spark_no_data, str(stopped / "spark-ck"), "every")
+    sp_dir = tmp_path / "state" / "every" / "_savepoints" / step.savepoint
+    manifest = json.loads((sp_dir / "_SAVEPOINT.json").read_text())
+    assert len(manifest["files"]) == 2
+    assert sorted(p.name for p in sp_dir.iterdir()) == sorted([*manifest["files"],
+                                                               "_SAVEPOINT.json"])
+
+
 def test_refusals_name_the_cause_and_write_nothing(spark_no_data, stopped, tmp_path):
     spark = spark_no_data
     ck = str(stopped / "spark-ck")
