@@ -16,7 +16,8 @@ FAR = 4_102_444_800_000
 
 class EveryState(StatefulProcessor):
     """A count with a nested record (value state), the values seen in order (list state)
-    and a count per tag (map state), all with TTLs; one timer per distinct value."""
+    and a count per tag (map state), all with TTLs; the last value without a TTL; one
+    timer per distinct value."""
 
     def init(self, handle) -> None:
         self.handle = handle
@@ -24,6 +25,7 @@ class EveryState(StatefulProcessor):
             "cnt", "n BIGINT, info STRUCT<first: BIGINT, seen: ARRAY<STRING>>", 3_600_000)
         self.hist = handle.getListState("hist", "v BIGINT", 7_200_000)
         self.tags = handle.getMapState("tags", "t STRING", "c BIGINT", 10_800_000)
+        self.last = handle.getValueState("last", "x BIGINT")
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802 - PySpark's name
         cur = self.cnt.get() if self.cnt.exists() else None
@@ -42,19 +44,22 @@ class EveryState(StatefulProcessor):
                 self.tags.updateValue(tag, ((old[0] if old else 0) + v,))
                 self.handle.registerTimer(FAR + v)
         self.cnt.update((n, (first, seen[-5:])))
+        before = self.last.get()[0] if self.last.exists() else -1
+        self.last.update((v,))
         hist = [r[0] for r in self.hist.get()]
         tags = dict((k[0], v[0]) for k, v in self.tags.iterator())
         yield pd.DataFrame({
             "k": [key[0]], "n": [n], "hist": [",".join(map(str, hist))],
             "tags": [",".join(f"{t}={tags[t]}" for t in sorted(tags))],
-            "seen": [",".join(seen[-5:])],
+            "seen": [",".join(seen[-5:])], "before": [before],
             "timers": [len(list(self.handle.listTimers()))]})
 
     def close(self) -> None:
         pass
 
 
-OUT = "k STRING, n BIGINT, hist STRING, tags STRING, seen STRING, timers BIGINT"
+OUT = ("k STRING, n BIGINT, hist STRING, tags STRING, seen STRING, before BIGINT, "
+       "timers BIGINT")
 
 
 T0 = pd.Timestamp("2026-11-28 09:00:00")
@@ -91,6 +96,8 @@ def spark_export(spark, ck: str) -> dict[str, list[tuple]]:
     for r in read.option("stateVarName", "cnt").load(ck).collect():
         out.setdefault("cnt", []).append((r.key.k, None, _canon(r.value.value),
                                           r.value.ttlExpirationMs))
+    for r in read.option("stateVarName", "last").load(ck).collect():  # no TTL
+        out.setdefault("last", []).append((r.key.k, None, _canon(r.value), None))
     for r in read.option("stateVarName", "hist").option("flattenCollectionTypes", "false"
                                                          ).load(ck).collect():
         for e in r.list_value:
@@ -107,7 +114,7 @@ def spark_export(spark, ck: str) -> dict[str, list[tuple]]:
 def ours_export(backend, spark, operator_id: str, savepoint: str) -> dict[str, list[tuple]]:
     """``read_state`` of the savepoint, in :func:`spark_export`'s form."""
     out: dict[str, list[tuple]] = {}
-    for name in ("cnt", "hist", "tags"):
+    for name in ("cnt", "last", "hist", "tags"):
         rows = backend.read_state(spark, operator_id, state_name=name,
                                   savepoint=savepoint).collect()
         out[name] = [(r.key.k, None if r.user_key is None else _canon(r.user_key),
@@ -125,6 +132,6 @@ def in_key_order(entries: list[tuple]) -> dict:
 
 def assert_same_exports(ours: dict[str, list[tuple]], theirs: dict[str, list[tuple]]) -> None:
     """Every entry equal, expiries included; each key's list in Spark's order."""
-    for name in ("cnt", "tags"):
+    for name in ("cnt", "last", "tags"):
         assert sorted(ours[name], key=str) == sorted(theirs[name], key=str), name
     assert in_key_order(ours["hist"]) == in_key_order(theirs["hist"])
