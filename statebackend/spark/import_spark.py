@@ -253,16 +253,15 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
                       key_columns=key.columns, key_types=key.types,
                       variables=tuple(variables), parallelism=parallelism,
                       max_parallelism=max_parallelism, compression=compression)
-    by_partition = _write_files(op_store, plan, plans.place(union, key, parallelism,
-                                                            max_parallelism))
-    manifest = _manifest(plan, name, by_partition, spark_checkpoint, spark_operator_id,
-                         batch_id, t0)
-    # files of attempts Spark did not keep (a retried or speculative task's) go first
-    named = {f"{sp_dir}/{f}" for f in manifest.files}
-    stray = [p for p in op_store.list_dir(sp_dir) if p not in named]
-    if stray:
-        op_store.delete(stray)
-    op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
+    try:
+        by_partition = _write_files(op_store, plan, plans.place(union, key, parallelism,
+                                                                max_parallelism))
+        manifest = _manifest(plan, name, by_partition, spark_checkpoint, spark_operator_id,
+                             batch_id, t0)
+        _publish(op_store, sp_dir, manifest)
+    except BaseException:
+        _discard(op_store, sp_dir)  # a failed import leaves no half-written savepoint
+        raise
     rows = {v.name: sum(json.loads(r["rows"]).get(str(i), 0) for r in by_partition.values())
             for i, v in enumerate(variables)}
     entries = int(manifest.metrics["entries"])
@@ -273,6 +272,27 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
     return ImportStep(operator_id, name, location, batch_id, rows, entries, peak,
                       time.perf_counter() - t0,
                       restart_step(location, operator_id, name))
+
+
+def _publish(op_store: DurableStore, sp_dir: str, manifest: SavepointManifest) -> None:
+    """Delete the files of attempts Spark did not keep (a retried or speculative task's),
+    then publish the manifest (last: invariant 3)."""
+    named = {f"{sp_dir}/{f}" for f in manifest.files}
+    stray = [p for p in op_store.list_dir(sp_dir) if p not in named]
+    if stray:
+        op_store.delete(stray)
+    op_store.put_bytes_atomic(f"{sp_dir}/{SAVEPOINT_MANIFEST}", manifest.to_json())
+
+
+def _discard(op_store: DurableStore, sp_dir: str) -> None:
+    """Best effort: delete what a failed import wrote (it was never published)."""
+    try:
+        written = op_store.list_dir(sp_dir)
+        if written:
+            op_store.delete(written)
+    except Exception as exc:  # noqa: BLE001 - the import's own error is the one to raise
+        log.warning("could not delete the unpublished savepoint files under %s (%s); "
+                    "delete them, or import under another name", sp_dir, exc)
 
 
 def _write_files(op_store: DurableStore, plan: ImportPlan, placed: Any

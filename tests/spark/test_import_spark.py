@@ -130,6 +130,28 @@ def test_files_of_attempts_spark_did_not_keep_are_not_left_behind(spark_no_data,
                                                                "_SAVEPOINT.json"])
 
 
+def test_a_failed_import_leaves_no_half_written_savepoint(spark_no_data, stopped, tmp_path,
+                                                          monkeypatch):
+    """The data files are written, then the import fails before its manifest: nothing is
+    left under the savepoint's directory, and the same name can be imported again."""
+    import statebackend.spark.import_spark as driver
+
+    real = driver._manifest
+
+    def storage_fails(*a, **k):
+        raise StorageError("the store went away before the manifest")
+
+    monkeypatch.setattr(driver, "_manifest", storage_fails)
+    backend = RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(parallelism=2))
+    with pytest.raises(StorageError, match="went away"):
+        backend.import_spark_state(spark_no_data, str(stopped / "spark-ck"), "every")
+    sp_dir = tmp_path / "state" / "every" / "_savepoints" / "from-spark"
+    assert not sp_dir.exists() or [p for p in sp_dir.rglob("*") if p.is_file()] == []
+    monkeypatch.setattr(driver, "_manifest", real)
+    step = backend.import_spark_state(spark_no_data, str(stopped / "spark-ck"), "every")
+    assert (sp_dir / "_SAVEPOINT.json").exists() and step.rows["cnt"] == 7
+
+
 def test_refusals_name_the_cause_and_write_nothing(spark_no_data, stopped, tmp_path):
     spark = spark_no_data
     ck = str(stopped / "spark-ck")
