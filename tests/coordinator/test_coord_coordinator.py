@@ -453,8 +453,12 @@ def test_no_step_lists_more_than_bounded_directories(store: DurableStore) -> Non
                                                       for p in range(2)}
                # _metrics/: a rebuild's evidence that no newer checkpoint completed
                # (one listing of at most METRICS_KEPT files)
-               | {f"{OP}/_checkpoints", f"{OP}/_pins", f"{OP}/_writers", f"{OP}/_metrics"})
+               | {f"{OP}/_checkpoints", f"{OP}/_pins", f"{OP}/_writers", f"{OP}/_metrics"}
+               # _initial/: a staged initial state (one file per partition), deleted by a
+               # coordinator's first collection after a completed checkpoint
+               | {f"{OP}/_initial"})
     assert set(counting.listed) <= allowed
+    assert counting.listed.count(f"{OP}/_initial") <= 2  # once per coordinator opened
     # Each directory is swept a bounded number of times, not once per collection.
     assert max(counting.listed.count(f"{OP}/chk-{n}") for n in range(6)) <= 3
     q.assert_clean()
