@@ -11,15 +11,10 @@ the process's peak RSS growth (a Python worker's share of an import).
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _batches(imp, keys: int, rows_per_batch: int = 10_000) -> Iterator:
@@ -36,8 +31,7 @@ def _batches(imp, keys: int, rows_per_batch: int = 10_000) -> Iterator:
     for var, payload in enumerate(payloads):
         for start in range(0, keys, rows_per_batch):
             yield pa.RecordBatch.from_pylist([
-                {"k": f"key{i}", imp.VAR: var, imp.KG: i % 128,
-                 imp.payload_column(var): payload(i)}
+                {"k": f"key{i}", imp.VAR: var, imp.payload_column(var): payload(i)}
                 for i in range(start, min(keys, start + rows_per_batch))])
 
 
@@ -49,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from statebackend.keys.ranges import key_group_range
     from statebackend.rocksdb.instance import RocksDBInstance
     from statebackend.task import import_spark as imp
+    from statebackend.task.import_spark import peak_rss_mb
 
     if args.cache_defaults:
         made = imp.KeyedStateBackend
@@ -73,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.mkdtemp(prefix="import-replay-")
     try:
         inst = RocksDBInstance(f"{scratch}/db")
-        before, t0 = _peak_mb(), time.perf_counter()
-        rows = imp._replay(inst, _batches(imp, args.keys), plan, key_group_range(0, 1, 128), 0)
+        before, t0 = peak_rss_mb(), time.perf_counter()
+        rows, _states = imp._replay(inst, _batches(imp, args.keys), plan, 0)
         seconds = time.perf_counter() - t0
         inst.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"{args.keys} keys, {sum(rows.values())} rows replayed in {seconds:.1f} s; peak RSS "
-          f"{before:.0f} -> {_peak_mb():.0f} MB"
+          f"{before:.0f} -> {peak_rss_mb():.0f} MB"
           f"{' (default caches)' if args.cache_defaults else ''}")
     return 0
 

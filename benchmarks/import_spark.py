@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -48,10 +47,6 @@ class Seed(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def jvm_peak_mb() -> float | None:
@@ -147,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
+    from statebackend.task.import_spark import peak_rss_mb
 
     work = args.workdir or tempfile.mkdtemp(prefix="import-spark-")
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
@@ -174,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = RocksDBStateBackend(os.path.join(work, "state"), StateBackendOptions(
         parallelism=args.partitions, local_dir=os.path.join(work, "local")))
-    before = peak_mb()
+    before = peak_rss_mb()
     t0 = time.perf_counter()
     step = backend.import_spark_state(spark, ck, "seed")
     import_s = time.perf_counter() - t0
-    after = peak_mb()
+    after = peak_rss_mb()
     figures = {
         "keys": args.keys, "partitions": args.partitions, "spark_build_s": round(build_s, 1),
         "import_s": round(import_s, 1), "rows": step.rows, "entries": step.entries,

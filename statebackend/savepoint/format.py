@@ -313,8 +313,11 @@ class SavepointFile:
 # --- the savepoint manifest -----------------------------------------------------------
 
 
-def data_file_name(start: int, end: int) -> str:
-    return f"part-{start:05d}-{end:05d}.sbsp"
+def data_file_name(start: int, end: int, attempt: str | None = None) -> str:
+    """``part-<first>-<last>.sbsp``; with the writing task's attempt when tasks write the
+    files (an import from Spark's store), so no attempt overwrites another's."""
+    tail = "" if attempt is None else f"-{check_component(attempt)}"
+    return f"part-{start:05d}-{end:05d}{tail}.sbsp"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from .format import (
 
 __all__ = [
     "GLOBAL_COLUMN_FAMILIES",
+    "merge_state",
     "SAVEPOINTS_DIR",
     "FileStats",
     "create_savepoint",
@@ -309,9 +310,7 @@ def _copy_partitions(op_store: DurableStore, record: CompletedCheckpoint, sp_dir
                                "size": t.size, "checksum": t.checksum, "partition": p,
                                "entries": stats.entries}
         for d in m.states:
-            # Partitions may know different schema versions of a state: keep them all.
-            copied.states[d.name] = merge_descriptors(copied.states.get(d.name, d), d) or \
-                copied.states.get(d.name, d)
+            merge_state(copied.states, d)
         copied.raw += stats.raw_bytes
         copied.stored += stats.stored_bytes
         copied.entries += stats.entries
@@ -319,6 +318,13 @@ def _copy_partitions(op_store: DurableStore, record: CompletedCheckpoint, sp_dir
         if progress is not None:
             progress(i + 1, len(record.manifests), done_bytes, record.full_size)
     return copied
+
+
+def merge_state(states: dict[str, StateDescriptor], d: StateDescriptor) -> None:
+    """Add ``d`` to ``states`` (name -> descriptor of a savepoint): partitions may know
+    different schema versions of a state, and the savepoint keeps them all."""
+    known = states.get(d.name, d)
+    states[d.name] = merge_descriptors(known, d) or known
 
 
 def _max_event_time(op_store: DurableStore, record: CompletedCheckpoint) -> int | None:

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,23 +26,20 @@ from typing import Any
 from ..errors import CheckpointNotFoundError, MoveRefusedError, OptionsError
 from ..model.manifest import StateDescriptor, check_component
 from ..redact import redact_url
-from ..rocksdb.instance import RocksDBInstance
 from ..savepoint.format import SAVEPOINT_MANIFEST, SavepointManifest
-from ..savepoint.writer import refuse_existing, savepoint_dir
-from ..state.evolution import merge_descriptors
+from ..savepoint.writer import merge_state, refuse_existing, savepoint_dir
 from ..storage.base import DurableStore
 from ..storage.manifests import operator_store
 from ..storage.records import listed_records
 from ..task.columns import KeySpec
 from ..task.import_spark import (
     IMPORT_SCHEMA,
-    KG,
     VAR,
     ImportPlan,
     StateVariable,
+    import_partition,
     make_import_task,
     payload_column,
-    write_partition_file,
 )
 from . import plan as plans
 
@@ -195,10 +189,10 @@ def _variable(name: str, kind: str, ttl: bool, schema: Any) -> StateVariable:
     return StateVariable(name, kind, t, user_key, ttl)
 
 
-def _union(key_type: Any, variables: list[StateVariable], frames: dict[str, Any],
-           max_parallelism: int) -> tuple[Any, KeySpec]:
-    """One DataFrame of every variable's rows: the key's columns, the variable's index, one
-    payload column per variable (null in the others' rows) and the key group."""
+def _union(key_type: Any, variables: list[StateVariable], frames: dict[str, Any]
+           ) -> tuple[Any, KeySpec]:
+    """One DataFrame of every variable's rows: the key's columns, the variable's index and
+    one payload column per variable (null in the others' rows)."""
     from pyspark.sql import functions as F
 
     key_cols = [f.name for f in key_type.fields]
@@ -209,8 +203,7 @@ def _union(key_type: Any, variables: list[StateVariable], frames: dict[str, Any]
         out = df if out is None else out.unionByName(df, allowMissingColumns=True)
     key = KeySpec(tuple(key_cols), tuple(plans.spark_type_name(f.dataType)
                                          for f in key_type.fields))
-    kg, _ = plans.route_column(1, max_parallelism, key_cols)
-    return out.withColumn(KG, kg), key
+    return out, key
 
 
 def import_spark_state(spark: Any, store: DurableStore, location: str, operator_id: str,
@@ -246,7 +239,7 @@ def import_spark_state(spark: Any, store: DurableStore, location: str, operator_
     refuse_existing(op_store, operator_id, name)
     key_type, variables, frames = spark_state_variables(spark, spark_checkpoint,
                                                          spark_operator_id, batch_id)
-    union, key = _union(key_type, variables, frames, max_parallelism)
+    union, key = _union(key_type, variables, frames)
     sp_dir = savepoint_dir(name)
     plan = ImportPlan(location=location, storage_options=dict(storage_options or {}),
                       operator_id=operator_id, savepoint_dir=sp_dir,
@@ -304,30 +297,8 @@ def _write_files(op_store: DurableStore, plan: ImportPlan, placed: Any
     by_partition = {int(r["partition"]): r.asDict() for r in written}
     for p in range(plan.parallelism):
         if p not in by_partition:
-            by_partition[p] = _empty_file(op_store, plan, p)
+            by_partition[p] = import_partition(iter(()), plan, p, "driver")
     return by_partition
-
-
-def _empty_file(op_store: DurableStore, plan: ImportPlan, partition: int) -> dict[str, Any]:
-    """The data file of a partition without rows (declared states only)."""
-    from ..keys.ranges import key_group_range
-
-    rng = key_group_range(partition, plan.parallelism, plan.max_parallelism)
-    scratch = tempfile.mkdtemp(prefix="sb-import-")
-    try:
-        inst = RocksDBInstance(os.path.join(scratch, "db"))
-        fname = f"part-{rng.start:05d}-{rng.end:05d}-driver.sbsp"
-        local = os.path.join(scratch, fname)
-        try:
-            stats = write_partition_file(inst, local, rng, plan, {})
-        finally:
-            inst.close()
-        t = op_store.put_file(local, f"{plan.savepoint_dir}/{fname}")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return {"partition": partition, "file": fname, "key_group_start": rng.start,
-            "key_group_end": rng.end, "size": t.size, "checksum": t.checksum, **stats,
-            "peak_rss_mb": None}
 
 
 def _manifest(plan: ImportPlan, name: str, by_partition: dict[int, dict[str, Any]],
@@ -343,7 +314,7 @@ def _manifest(plan: ImportPlan, name: str, by_partition: dict[int, dict[str, Any
                             "checksum": r["checksum"], "partition": p,
                             "entries": int(r["entries"])}
         for d in (StateDescriptor(**s) for s in json.loads(r["states"])):
-            states[d.name] = merge_descriptors(states.get(d.name, d), d) or states.get(d.name, d)
+            merge_state(states, d)
         for k in totals:
             totals[k] += int(r[k])
     return SavepointManifest(

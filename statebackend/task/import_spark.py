@@ -19,29 +19,33 @@ the file of the attempt Spark kept.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import StateBackendError
 from ..keys.grouping_key import encode_grouping_keys
-from ..keys.ranges import KeyGroupRange, key_group_range
+from ..keys.groups import key_groups
+from ..keys.ranges import key_group_range
+from ..model.manifest import StateDescriptor
 from ..rocksdb.instance import RocksDBInstance
+from ..savepoint.format import data_file_name
 from ..savepoint.writer import write_data_file
 from ..state.backend import KeyedStateBackend
+from .columns import KG_COL
+from .context import check_rows_belong
 
-__all__ = ["IMPORT_SCHEMA", "KG", "VAR", "ImportPlan", "StateVariable", "import_partition",
-           "make_import_task", "payload_column", "peak_rss_mb", "write_partition_file"]
+__all__ = ["IMPORT_SCHEMA", "VAR", "ImportPlan", "StateVariable", "import_partition",
+           "make_import_task", "payload_column", "peak_rss_mb"]
 
 VAR = "__sb_var"
 """Column of the union: index of the state variable a row belongs to."""
-KG = "__sb_kg"
-"""Column of the union: the row's key group (Spark's ``pmod(hash(key), maxP)``)."""
 
 # one row per task: what the driver collects
 IMPORT_SCHEMA = ("partition BIGINT, file STRING, key_group_start BIGINT, key_group_end BIGINT, "
@@ -89,23 +93,24 @@ class ImportPlan:
     parallelism: int
     max_parallelism: int
     compression: str = "snappy"
-    scratch: str | None = None  # local directory for the scratch instances
 
 
-def _to_python(value: Any, dt: Any) -> Any:
-    """A value of pyarrow's ``to_pylist`` as the state layer takes it: structs as tuples
-    (positional, as Spark's rows), maps as dicts (struct keys as tuples)."""
+def _converter(dt: Any) -> Callable[[Any], Any]:
+    """``value -> value`` turning pyarrow's ``to_pylist`` form of type ``dt`` into what the
+    state layer takes: structs as tuples (positional, as Spark's rows), maps as dicts
+    (struct keys as tuples). Compiled once per variable, called per row."""
     from pyspark.sql.types import ArrayType, MapType, StructType
 
-    if value is None:
-        return None
     if isinstance(dt, StructType):
-        return tuple(_to_python(value[f.name], f.dataType) for f in dt.fields)
+        fields = [(f.name, _converter(f.dataType)) for f in dt.fields]
+        return lambda v: None if v is None else tuple(c(v[n]) for n, c in fields)
     if isinstance(dt, ArrayType):
-        return [_to_python(v, dt.elementType) for v in value]
+        elem = _converter(dt.elementType)
+        return lambda v: None if v is None else [elem(x) for x in v]
     if isinstance(dt, MapType):
-        return {_to_python(k, dt.keyType): _to_python(v, dt.valueType) for k, v in value}
-    return value
+        key, val = _converter(dt.keyType), _converter(dt.valueType)
+        return lambda v: None if v is None else {key(k): val(x) for k, x in v}
+    return lambda v: v
 
 
 class _Clock:
@@ -144,22 +149,14 @@ def _apply(kb: KeyedStateBackend, clock: _Clock, v: StateVariable, state: Any,
         state.update(value)
         return 1
     if v.kind == "list":
-        # one row per key (flattenCollectionTypes=false keeps the list's order); elements
-        # with one expiry are written together
-        run: list[Any] = []
-        first = True
-        for e in payload:
-            if v.ttl:
-                exp = int(e[1]) - IMPORT_TTL_MS
-                if run and exp != clock.now:
-                    (state.put if first else state.appendList)(run)
-                    first, run = False, []
-                clock.now = exp
-                run.append(e[0])
-            else:
-                run.append(e)
-        if run:
-            (state.put if first else state.appendList)(run)
+        # one row per key (flattenCollectionTypes=false keeps the list's order); a run of
+        # elements with one expiry is written at once
+        if not v.ttl:
+            state.put(payload)
+            return len(payload)
+        runs = itertools.groupby(payload, key=lambda e: int(e[1]) - IMPORT_TTL_MS)
+        for i, (clock.now, run) in enumerate(runs):
+            (state.appendList if i else state.put)([e[0] for e in run])
         return len(payload)
     user_key, value = payload
     if v.ttl:
@@ -195,14 +192,15 @@ def import_partition(batches: Iterator[Any], plan: ImportPlan, partition: int,
     from ..storage.manifests import operator_store
 
     rng = key_group_range(partition, plan.parallelism, plan.max_parallelism)
-    scratch = tempfile.mkdtemp(prefix="sb-import-", dir=plan.scratch)
+    scratch = tempfile.mkdtemp(prefix="sb-import-")
     try:
         inst = RocksDBInstance(os.path.join(scratch, "db"))
         try:
-            rows = _replay(inst, batches, plan, rng, partition)
-            fname = f"part-{rng.start:05d}-{rng.end:05d}-{attempt}.sbsp"
+            rows, descriptors = _replay(inst, batches, plan, partition)
+            fname = data_file_name(rng.start, rng.end, attempt)
             local = os.path.join(scratch, fname)
-            stats = write_partition_file(inst, local, rng, plan, rows)
+            stats = write_data_file(inst, local, rng, plan.max_parallelism, descriptors,
+                                    plan.compression)
         finally:
             inst.close()
         root = open_store(plan.location, storage_options=plan.storage_options or None)
@@ -210,7 +208,11 @@ def import_partition(batches: Iterator[Any], plan: ImportPlan, partition: int,
             local, f"{plan.savepoint_dir}/{fname}")
         return {"partition": partition, "file": fname, "key_group_start": rng.start,
                 "key_group_end": rng.end, "size": t.size, "checksum": t.checksum,
-                **stats, "peak_rss_mb": peak_rss_mb()}
+                "entries": stats.entries, "raw_bytes": stats.raw_bytes,
+                "stored_bytes": stats.stored_bytes,
+                "rows": json.dumps({str(i): n for i, n in rows.items()}),
+                "states": json.dumps([asdict(d) for d in descriptors]),
+                "peak_rss_mb": peak_rss_mb()}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -222,27 +224,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_partition_file(inst: RocksDBInstance, local: str, rng: KeyGroupRange,
-                         plan: ImportPlan, rows: dict[int, int]) -> dict[str, Any]:
-    """Write ``inst``'s key groups ``rng`` as a savepoint data file at ``local``; its
-    statistics, exported rows per variable index and declared states as
-    :data:`IMPORT_SCHEMA`'s fields."""
-    kb = KeyedStateBackend(inst)
-    for v in plan.variables:
-        _declare(kb, v)
-    descriptors = kb.descriptors()
-    kb.close()
-    stats = write_data_file(inst, local, rng, plan.max_parallelism, descriptors,
-                            plan.compression)
-    return {"entries": stats.entries, "raw_bytes": stats.raw_bytes,
-            "stored_bytes": stats.stored_bytes,
-            "rows": json.dumps({str(i): n for i, n in rows.items()}),
-            "states": json.dumps([asdict(d) for d in descriptors])}
-
-
 def _replay(inst: RocksDBInstance, batches: Iterator[Any], plan: ImportPlan,
-            rng: KeyGroupRange, partition: int) -> dict[int, int]:
-    """Write the rows of ``batches`` into ``inst``; the rows read per variable index."""
+            partition: int) -> tuple[dict[int, int], list[StateDescriptor]]:
+    """Write the rows of ``batches`` into ``inst`` (with the plan's states declared, rows
+    or not); the rows read per variable index, and the declared states."""
     clock = _Clock()
     # writes only (a list's later run of elements reads the earlier one back): no read
     # cache, and small write batches; a worker replaying 600,000 keys of four states
@@ -250,20 +235,20 @@ def _replay(inst: RocksDBInstance, batches: Iterator[Any], plan: ImportPlan,
     kb = KeyedStateBackend(inst, clock=clock, monotonic_clock=False,
                            max_dirty_entries=10_000, max_cached_entries=0)
     states = [_declare(kb, v) for v in plan.variables]
-    types = [_payload_type(v) for v in plan.variables]
+    convert = [_converter(_payload_type(v)) for v in plan.variables]
+    rng = key_group_range(partition, plan.parallelism, plan.max_parallelism)
     rows: dict[int, int] = {}
     for batch in batches:
         n = batch.num_rows
         if not n:
             continue
-        kgs = batch.column(KG).to_numpy(zero_copy_only=False)
-        if int(kgs.min()) < rng.start or int(kgs.max()) > rng.end:
-            raise StateBackendError(
-                f"import of operator {plan.operator_id!r}: task {partition} received rows "
-                f"of key groups outside {rng.start}..{rng.end}; the export was not routed "
-                f"by key group")
-        keys = encode_grouping_keys([batch.column(c) for c in plan.key_columns],
-                                    plan.key_types, kgs)
+        columns = [batch.column(c) for c in plan.key_columns]
+        # as the operator's tasks: Spark's key group where plan.place added it
+        kgs = (batch.column(KG_COL).to_numpy(zero_copy_only=False)
+               if KG_COL in batch.schema.names
+               else key_groups(columns, plan.key_types, plan.max_parallelism))
+        check_rows_belong(kgs, rng, partition)
+        keys = encode_grouping_keys(columns, plan.key_types, kgs)
         var_of = batch.column(VAR).to_pylist()
         payloads = {i: batch.column(payload_column(i)).to_pylist()
                     for i in set(var_of)}
@@ -271,11 +256,12 @@ def _replay(inst: RocksDBInstance, batches: Iterator[Any], plan: ImportPlan,
             i = var_of[r]
             v = plan.variables[i]
             kb.set_current_key(keys[r])
-            _apply(kb, clock, v, states[i], _to_python(payloads[i][r], types[i]))
+            _apply(kb, clock, v, states[i], convert[i](payloads[i][r]))
             rows[i] = rows.get(i, 0) + 1
     kb.flush()
+    descriptors = kb.descriptors()
     kb.close()
-    return rows
+    return rows, descriptors
 
 
 def make_import_task(plan: ImportPlan):

@@ -83,25 +83,30 @@ def test_an_imported_expiry_in_the_past_is_expired_for_ours(tmp_path):
     from pyspark.sql.types import LongType, StructField, StructType
 
     from statebackend.keys.grouping_key import encode_grouping_key
-    from statebackend.keys.ranges import key_group_range
+    from statebackend.keys.groups import key_group
     from statebackend.rocksdb.instance import RocksDBInstance
     from statebackend.state.backend import KeyedStateBackend
-    from statebackend.task.import_spark import KG, VAR, ImportPlan, StateVariable, _replay
+    from statebackend.task.import_spark import VAR, ImportPlan, StateVariable, _replay
 
     var = StateVariable("cnt", "value", StructType([StructField("n", LongType())]), None, True)
     plan = ImportPlan(str(tmp_path), {}, "op", "_savepoints/x", ("k",), ("string",), (var,),
                       1, 8)
     future = 4_102_444_800_000
     batch = pa.RecordBatch.from_pylist([
-        {"k": "old", VAR: 0, "__sb_v0": {"value": {"n": 1}, "ttlExpirationMs": 1_000}, KG: 3},
-        {"k": "new", VAR: 0, "__sb_v0": {"value": {"n": 2}, "ttlExpirationMs": future}, KG: 5}])
+        {"k": "old", VAR: 0, "__sb_v0": {"value": {"n": 1}, "ttlExpirationMs": 1_000}},
+        {"k": "new", VAR: 0, "__sb_v0": {"value": {"n": 2}, "ttlExpirationMs": future}}])
     inst = RocksDBInstance(str(tmp_path / "db"))
-    assert _replay(inst, iter([batch]), plan, key_group_range(0, 1, 8), 0) == {0: 2}
+    rows, _states = _replay(inst, iter([batch]), plan, 0)
+    assert rows == {0: 2}
     kb = KeyedStateBackend(inst)
     cnt = kb.value_state("cnt", "n BIGINT", ttl_ms=60_000)
-    kb.set_current_key(encode_grouping_key(("old",), ("string",), 3))
+
+    def key(k: str) -> bytes:
+        return encode_grouping_key((k,), ("string",), key_group((k,), ("string",), 8))
+
+    kb.set_current_key(key("old"))
     assert cnt.get() is None
-    kb.set_current_key(encode_grouping_key(("new",), ("string",), 5))
+    kb.set_current_key(key("new"))
     assert tuple(cnt.get()) == (2,)
     kb.close()
     inst.close()
