@@ -173,19 +173,24 @@ def test_store_errors_hide_credentials() -> None:
 
 
 def test_the_listener_log_line_hides_credentials(caplog) -> None:
-    from statebackend.spark.listener import _SessionListener
+    from statebackend.spark.listener import _SessionListener, observation_name
 
     class Broken:
         checkpoint_location = f"memory://u:{SECRET}@h/x"
 
-        def complete(self):
+        def operator_ids(self):
+            return ["op"]
+
+        def complete(self, op, up_to=None, run_id=None):
             raise RuntimeError(f"cannot reach /u:{SECRET}@h/x/op")
 
     listener = _SessionListener.__new__(_SessionListener)  # no session: only the callback
     listener._lock = __import__("threading").Lock()
     listener._backends = {"x": Broken()}
+    listener._seen = {}
     with caplog.at_level(logging.ERROR, logger="statebackend.listener"):
-        listener._complete_all()
+        listener._complete_all(3, frozenset([observation_name(Broken.checkpoint_location,
+                                                              "op")]), "run-1")
     assert "cannot reach" in caplog.text and "u:***@h" in caplog.text
     assert SECRET not in caplog.text
 

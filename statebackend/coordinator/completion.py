@@ -148,8 +148,14 @@ class _Completion(_Owner):
         w = self._stamp if self.fencing and self._epoch else None
         if w is None:
             return {}
+        keep = self._registry.num_retained
+        latest = self._registry.latest_id
+        if not self._for_owner and not self.own_retention and latest is not None:
+            # completing for no run in particular: the record the owner writes, so its
+            # retention, not this coordinator's
+            keep = self._registry.checkpoints[latest].record.num_retained or keep
         return dict(writer_epoch=w.epoch, writer_query=w.query_id, writer_run=w.run_id,
-                    num_retained=self._registry.num_retained)
+                    num_retained=keep)
 
     def _check_chosen_epochs(self, checkpoint_id: int, ms: list[PartitionManifest]) -> None:
         """A chosen manifest published under a newer epoch than the one acted under: a
@@ -215,6 +221,8 @@ class _Completion(_Owner):
                 continue
             if not self._check_compatible(m, partition):
                 continue
+            if self._of_another_query(m):
+                continue
             missing = self._missing_files(m, listing)
             if missing:
                 log.warning("attempt %s of checkpoint %d partition %d references missing "
@@ -272,6 +280,17 @@ class _Completion(_Owner):
                 f"{m.max_parallelism}, expected {want} of {self.max_parallelism} for partition "
                 f"{partition} of {self.parallelism}; configure the coordinator with the "
                 f"query's parallelism and max_parallelism")
+        return True
+
+    def _of_another_query(self, m: PartitionManifest) -> bool:
+        """A manifest another streaming query's task published (its fencing evidence gone,
+        say) is not this location's state: a failed attempt, never chosen."""
+        own = self._stamp.query_id if self.fencing and self._stamp is not None else None
+        if own is None or m.writer_query is None or m.writer_query == own:
+            return False
+        log.warning("attempt %s of checkpoint %d partition %d was published by query %s, "
+                    "not by %s, which owns the location; treating it as failed", m.attempt,
+                    m.checkpoint_id, m.partition, m.writer_query, own)
         return True
 
     def _missing_files(self, m: PartitionManifest, listing: frozenset[str]) -> list[str]:

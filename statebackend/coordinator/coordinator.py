@@ -186,6 +186,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._damage_logged: frozenset = frozenset()
         self._history: dict[str, int] = {}  # runs that held epochs, for LATEST.json
         self._for_owner = True  # acting for the owning run (its retention applies)
+        self._repairs_due = False  # found by a rebuild, left to the owner (_may_change)
         self._not_owner_logged: set[str] = set()
         if rebuild:
             with self._lock:

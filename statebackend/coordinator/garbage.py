@@ -169,6 +169,10 @@ class _Garbage(_Owner):
             report.forgotten.append(c)
 
     def _after_change(self) -> None:
+        """Collect garbage after a change, when this coordinator may (only the owner
+        deletes and applies retention: :meth:`_may_change`)."""
+        if not self._may_change():
+            return
         if self._pool is None:
             self.collect_garbage()
             return

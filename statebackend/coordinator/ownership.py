@@ -53,6 +53,7 @@ class _Owner:
     _damaged: dict[int, CorruptStateError]
     _damage_logged: frozenset
     _for_owner: bool
+    _repairs_due: bool
     _not_owner_logged: set[str]
 
     if TYPE_CHECKING:
@@ -93,7 +94,8 @@ class _Owner:
         (:func:`~statebackend.checkpoint.fencing.resolve_owner`). Costs a listing and a read
         while the epoch stays the newest; after a takeover, a few small reads and a rebuild
         of the registry (the older writer may have completed checkpoints since this
-        coordinator read the records).
+        coordinator read the records). Acting for the owning run, it also makes the repairs
+        a rebuild left to the owner (:meth:`_may_change`).
 
         Returns
         -------
@@ -108,6 +110,7 @@ class _Owner:
         """
         if not self.fencing:
             self._for_owner = True
+            self._repair_if_due()
             return True
         prefix = f"{self.operator_id}/"
         if self._epoch is not None and run_id in (None, self._epoch_run):
@@ -116,16 +119,19 @@ class _Owner:
             except WriterFencedError:
                 pass
             else:
+                self._for_owner = run_id is not None or not self._epoch
                 if ptr is not None and ptr.checkpoint_id > self._known_latest():
                     self._reread("another coordinator completed checkpoint "
                                  f"{ptr.checkpoint_id}")
-                self._retain_for(run_id is not None or not self._epoch)
+                self._retain_for(self._for_owner)
+                self._repair_if_due()
                 return True
         owner = resolve_owner(self.store, prefix)
         latest = owner.writer
         if latest is None:
             self._epoch, self._epoch_run, self._stamp = 0, None, None  # nobody claimed it yet
             self._retain_for(True)
+            self._repair_if_due()
             return True
         if run_id is not None and latest.run_id != run_id:
             held = owner.held_by(self.store, run_id, prefix)
@@ -140,10 +146,33 @@ class _Owner:
         moved = self._epoch is not None and latest.epoch != self._epoch
         self._epoch, self._epoch_run, self._stamp = latest.epoch, latest.run_id, latest.stamp
         self._history = writer_history(self.store, owner, prefix)
+        self._for_owner = run_id is not None
         if moved:
             self._reread(f"{latest.describe()} took the location over")
-        self._retain_for(run_id is not None)
+        self._retain_for(self._for_owner)
+        self._repair_if_due()
         return True
+
+    def _may_change(self) -> bool:
+        """Whether this coordinator may delete, apply retention and repair the location's
+        metadata now (invariant 10: only the owner does): when it acts for the owning run,
+        for a location no streaming query owns (a batch run's, or nobody's), without
+        fencing, or for an operator's explicit command (``own_retention``). Acting for no
+        run in particular on a streaming query's location (a restart's planning, which
+        cannot know yet whether it is that query or another one, a reader, a savepoint), it
+        only completes checkpoints the owner's tasks published (a restart starts from
+        them; the record is the one the owner's coordinator writes) and leaves the rest to
+        the owner's next completion."""
+        if not self.fencing or self.own_retention or self._for_owner:
+            return True
+        return self._stamp is None or self._stamp.query_id is None
+
+    def _repair_if_due(self) -> None:
+        """Make the repairs a rebuild found and left to the owner (stale pins, a damaged
+        ``LATEST.json``), now that this coordinator may (under the lock)."""
+        if self._repairs_due and self._may_change():
+            self._repairs_due = False
+            self.rebuild(collect=False)
 
     def owns(self, run_id: str | None = None) -> bool:
         """Whether this coordinator may change the location for run ``run_id`` (None: for
@@ -184,6 +213,13 @@ class _Owner:
             reg = self._registry
             self._registry = SharedStateRegistry.rebuild(want, reg.checkpoints.values(),
                                                          reg.pins)
+
+    @property
+    def writer_stamp(self) -> WriterStamp | None:
+        """The writer this coordinator last acted as (None: no fencing, or no writer yet):
+        what the manifests it publishes for the owner (the carrier's) carry."""
+        with self._lock:
+            return self._stamp if self.fencing and self._epoch else None
 
     # --- registry access ----------------------------------------------------------------
 

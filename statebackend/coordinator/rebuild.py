@@ -116,8 +116,10 @@ class _Rebuild(_Owner):
             m = _PIN_NAME.match(rel.rsplit("/", 1)[-1])
             if m and int(m.group(1)) in records:
                 pins.add(int(m.group(1)))
-            else:
+            elif self._may_change():
                 self._delete([rel])  # stale: its checkpoint is gone
+            else:
+                self._repairs_due = True  # the owner deletes it
         return pins
 
     def _read_watermark(self) -> int | None:
@@ -147,9 +149,8 @@ class _Rebuild(_Owner):
                 raise missing_latest(done, f"{self.store.root}/{self.operator_id}",
                                      evidence=f"its metrics {METRICS_DIR}/chk-{done}.jsonl "
                                               f"were written") from exc
-            log.warning("operator %s: %s; writing it again from the newest record (%s)",
-                        self.operator_id, exc, latest)
-            self._rewrite_pointer()
+            log.warning("operator %s: %s; %s from the newest record (%s)",
+                        self.operator_id, exc, self._rewrite_pointer(), latest)
             return
         if newest is None or newest <= (-1 if latest is None else latest):
             return
@@ -160,9 +161,8 @@ class _Rebuild(_Owner):
         if not published and evidence.startswith(LATEST_PATH):
             log.warning("operator %s: %s names checkpoint %d, of which nothing is stored; "
                         "the pointer is damaged (or that checkpoint was lost with all its "
-                        "files). Going on from checkpoint %s and writing the pointer again",
-                        self.operator_id, LATEST_PATH, newest, latest)
-            self._rewrite_pointer()
+                        "files). Going on from checkpoint %s; %s", self.operator_id,
+                        LATEST_PATH, newest, latest, self._rewrite_pointer())
             return
         log.warning("operator %s: the record of checkpoint %d, the newest completed one, is "
                     "missing; completing it again from its manifests", self.operator_id,
@@ -171,15 +171,21 @@ class _Rebuild(_Owner):
             raise missing_latest(newest, f"{self.store.root}/{self.operator_id}",
                                  published=published, evidence=evidence)
 
-    def _rewrite_pointer(self) -> None:
+    def _rewrite_pointer(self) -> str:
+        """Write ``LATEST.json`` again from the newest record, when this coordinator may
+        (:meth:`_may_change`; else the owner's next completion does); says which."""
+        if not self._may_change():
+            self._repairs_due = True
+            return "the owner's next completion writes it again"
         latest = self._registry.latest_id
         if latest is None:
             self._delete([LATEST_PATH])
-            return
+            return "deleted it"
         rec = self._registry.checkpoints[latest].record
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
             latest, rec.writer, self._history if rec.writer else None))
+        return "wrote it again"
 
     def _report_damage(self) -> None:
         """One warning per set of damaged retained checkpoints (invariant 13)."""

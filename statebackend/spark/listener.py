@@ -56,6 +56,9 @@ class _SessionListener(StreamingQueryListener):
         self._plans = 0  # operators planned so far: one planned after a start is a new query
         self._active: dict[str, int] = {}  # run id -> plans counted when it started
         self._running = 0  # callbacks in progress
+        # run id -> the (location, operator) its progress events reported: what its end
+        # completes, for that run (a run refused at its tasks reports none)
+        self._seen: dict[str, set[tuple[str, str]]] = {}
 
     def register(self, backend: Any) -> None:
         with self._lock:
@@ -105,21 +108,27 @@ class _SessionListener(StreamingQueryListener):
             self._running -= 1
             self._idle.notify_all()
 
-    def _complete_all(self, up_to: int | None = None,
-                      observed: frozenset[str] | None = None,
-                      run_id: str | None = None) -> None:
-        """Complete every backend's checkpoints; given ``observed`` (the observed-metric
-        names of a progress event), only those of the operators the event's query runs,
-        as committed up to ``up_to``: another query's progress says nothing of them."""
+    def _complete_all(self, up_to: int | None, observed: frozenset[str] | None,
+                      run_id: str | None) -> None:
+        """Complete, for run ``run_id``, the checkpoints of the operators the run's query
+        runs: given ``observed`` (the observed-metric names of a progress event), those
+        named there, as committed up to ``up_to``; without (the run ended), those its
+        progress events named. Another query's events say nothing of an operator, and a
+        run that never owned a location completes nothing in it."""
         with self._lock:
             backends = list(self._backends.values())
+            seen = (self._seen.setdefault(run_id, set()) if observed is not None
+                    else self._seen.pop(run_id, set()))
         for backend in backends:
             try:
-                if observed is None:
-                    backend.complete()
-                    continue
                 for op in backend.operator_ids():
-                    if observation_name(backend.checkpoint_location, op) in observed:
+                    where = (backend.checkpoint_location, op)
+                    if observed is None:
+                        if where in seen:
+                            backend.complete(op, run_id=run_id)
+                    elif observation_name(*where) in observed:
+                        with self._lock:
+                            seen.add(where)
                         backend.complete(op, up_to=up_to, run_id=run_id)
             except WriterFencedError as exc:  # the query's own tasks fail on it too
                 log.error("statebackend: %s", exc)
@@ -160,7 +169,7 @@ class _SessionListener(StreamingQueryListener):
         if not self._enter():
             return
         try:
-            self._complete_all()
+            self._complete_all(None, None, str(event.runId))
             with self._lock:
                 plans_at_start = self._active.pop(str(event.runId), None)
                 # The last query we saw start has ended and nothing was planned since it

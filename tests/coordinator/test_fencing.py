@@ -199,12 +199,12 @@ def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
         expected.update(rows(n))
         assert b.complete(n) is not None
         # the zombie's driver sees the micro-batch end too: refused, deletes nothing
-        before = all_files(store)
+        before = all_files(store, OP)
         with pytest.raises(WriterFencedError, match="run-b"):
             a.complete(n)
         # its own retention then, had the completion gone through: after the refusal
         # nothing runs it, and a collection for no run in particular follows run b
-        assert all_files(store) >= before
+        assert all_files(store, OP) >= before
         assert referenced_files_exist(store) == []
     # the new run's attempt of batch 4 won over the zombie's (newest epoch first)
     rec4 = read_manifest(store.child(OP), b.coord.restore(8).record.manifests[0])
@@ -223,13 +223,13 @@ def test_a_zombie_that_wakes_after_the_new_writer_completed_deletes_nothing(
     for n in range(3, 7):
         b.task(n, rows(n))
         b.complete(n)
-    files = all_files(store)
+    files = all_files(store, OP)
     # run a wakes: its coordinator still believes checkpoint 2 is the latest, and its
     # retention would delete what run b's checkpoints reuse
     for step in (lambda: a.complete(3), lambda: a.task(3, rows(3))):
         with pytest.raises(WriterFencedError, match="epoch 2"):
             step()
-    assert all_files(store) == files
+    assert all_files(store, OP) == files
     # a collection for no run in particular (its stale registry says checkpoint 2 is the
     # latest) follows run b: it reads the records again before it deletes anything
     a.coord.collect_garbage()
@@ -264,11 +264,11 @@ def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
     a = Writer(store, tmp_path, "run-a")
     a.task(0, rows(0))
     a.complete(0)
-    files = all_files(store)
+    files = all_files(store, OP)
     other = Writer(store, tmp_path, "run-x", query="query-2")
     with pytest.raises(StateLocationInUseError, match="another streaming query"):
         other.task(1, rows(1))
-    assert all_files(store) == files
+    assert all_files(store, OP) == files
     a.task(1, rows(1))
     assert a.complete(1) is not None
 
@@ -315,7 +315,7 @@ def test_losing_epoch_files_never_lets_a_fenced_run_win(
     ostore = store.child(OP)
     # a lifecycle rule, a cleanup script, a partial copy: epoch files are gone
     store.delete([f"{OP}/_writers/epoch-{k:012d}.json" for k in lost])
-    files = all_files(store)
+    files = all_files(store, OP)
     for zombie, epoch in ((a, 1), (b, 2)):
         with pytest.raises(WriterFencedError, match="run-c"):
             claim(ostore, QUERY, zombie.run)  # a new worker of the zombie
@@ -325,7 +325,7 @@ def test_losing_epoch_files_never_lets_a_fenced_run_win(
             zombie.task(6, rows(6))
         with pytest.raises(WriterFencedError):
             zombie.complete(6)
-        assert all_files(store) == files, "a fenced run changed the location"
+        assert all_files(store, OP) == files, "a fenced run changed the location"
     # the owner runs on (writing its own epoch file again when it was lost)
     c.task(6, rows(6))
     assert c.complete(6) is not None
@@ -360,10 +360,10 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
         a.complete(n)
     a.task(3, rows(3))  # published, its completion still to come
     store.delete([f"{OP}/_writers/epoch-{1:012d}.json"])
-    files = all_files(store)
+    files = all_files(store, OP)
     # the other query's backend: its coordinator keeps 1, and is made before its tasks run
     other = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
-    assert all_files(store) == files  # constructing it deleted nothing of the owner's
+    assert all_files(store, OP) == files  # constructing it deleted nothing of the owner's
     with pytest.raises(StateLocationInUseError, match=QUERY):
         Writer(store, tmp_path, "run-x", query="query-2").task(3, rows(3))
     # its listener completes for its run, whose tasks were refused: nothing happens, not
@@ -376,7 +376,7 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
     assert carried == []
     assert other.try_complete(3, run_id="run-x") is None
     other.collect_garbage()
-    assert all_files(store) == files
+    assert all_files(store, OP) == files
     # a completion for no run in particular (its planning) is the owner's choice, under
     # the owner's retention, never the other query's smaller one
     assert other.try_complete(3) is not None
@@ -386,6 +386,73 @@ def test_another_query_is_refused_and_changes_nothing_without_writer_files(
     a.task(4, rows(4))
     assert a.complete(4) is not None
     assert state_of(store, tmp_path, 4) == {k: v for n in range(5) for k, v in rows(n).items()}
+
+
+def contents(store: DurableStore) -> dict[str, bytes]:
+    return {p: store.get_bytes(f"{OP}/{p}") for p in sorted(all_files(store, OP))}
+
+
+def test_another_querys_coordinator_leaves_repairs_to_the_owner(
+        store: DurableStore, tmp_path: Path) -> None:
+    from statebackend.coordinator.pending import complete_pending
+    from statebackend.model.manifest import LATEST_PATH, parse_latest
+
+    a = Writer(store, tmp_path, "run-a")
+    for n in range(3):
+        a.task(n, rows(n))
+        a.complete(n)
+    # what a rebuild repairs: a pin whose checkpoint is gone, a damaged LATEST.json
+    store.put_bytes_atomic(f"{OP}/_pins/chk-0", b"")
+    store.put_bytes_atomic(f"{OP}/{LATEST_PATH}", b"{not json")
+    before = contents(store)
+    # another query's backend: made while planning (no run yet), its catch-up there, then
+    # its listener for its refused run, and a reader's coordinator of the location
+    other = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
+    assert complete_pending(other) == []
+    with pytest.raises(StateLocationInUseError):
+        Writer(store, tmp_path, "run-x", query="query-2").task(3, rows(3))
+    assert complete_pending(other, up_to=3, run_id="run-x") == []
+    assert other.latest().checkpoint_id == 2  # it reads the owner's state all the same
+    assert contents(store) == before
+    # the owner's next completion writes the pointer again
+    a.task(3, rows(3))
+    assert a.complete(3) is not None
+    assert parse_latest(store.get_bytes(f"{OP}/{LATEST_PATH}")).checkpoint_id == 3
+    # a restart of the owner's query: its planning (no run yet) leaves the stale pin too,
+    # its first completion deletes it
+    restart = Writer(store, tmp_path, "run-b")
+    assert store.exists(f"{OP}/_pins/chk-0")
+    restart.task(4, rows(4))
+    assert restart.complete(4) is not None
+    assert not store.exists(f"{OP}/_pins/chk-0")
+    assert state_of(store, tmp_path, 4) == {k: v for n in range(5) for k, v in rows(n).items()}
+
+
+def test_completion_never_chooses_another_querys_manifest(store: DurableStore,
+                                                          tmp_path: Path) -> None:
+    from statebackend.checkpoint.publish import ManifestFacts
+
+    a = Writer(store, tmp_path, "run-a")
+    a.task(0, rows(0))
+    a.complete(0)
+    # a task of another query that got past the claim (its evidence lost, say) publishes
+    # under the owner's epoch an attempt whose name sorts before the owner's
+    cp = PartitionCheckpointer(store, OP, 0, StateBackendOptions(
+        checkpoint_mode="incremental", max_parallelism=8), str(tmp_path / "x"),
+        writer_epoch=1)
+    inst, _ = cp.restore(None)
+    try:
+        inst.write({"default": {b"intruder": b"1"}})
+        theirs, _ = cp.checkpoint(inst, 1, "a-intruder", (0, 7), STATES,
+                                  facts=ManifestFacts(writer_query="query-2"))
+    finally:
+        inst.close()
+    assert read_manifest(store.child(OP), theirs.path).writer_query == "query-2"
+    mine = a.task(1, rows(1))
+    assert mine.writer_query is None  # the test's tasks publish without facts
+    record = a.complete(1)
+    assert record.manifests[0] == mine.path
+    assert state_of(store, tmp_path, 1) == {**rows(0), **rows(1)}
 
 
 def test_credentials_in_the_location_are_redacted_in_refusals(tmp_path: Path,
