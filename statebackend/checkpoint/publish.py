@@ -41,6 +41,9 @@ class ManifestFacts:
     placement : str or None
         The streaming plan the task ran in (``"shuffle"``, ``"carrier"``; None: a batch
         run), kept by restarts under ``placement="auto"``.
+    writer_query : str or None
+        The streaming query whose run published it (fencing on; None: a batch run or
+        fencing off): completion never chooses another query's manifest.
     """
 
     key_columns: tuple[str, ...] = ()
@@ -49,6 +52,7 @@ class ManifestFacts:
     watermark_ms: int | None = None
     never_ran: bool = False
     placement: str | None = None
+    writer_query: str | None = None
 
 
 def publish_checkpoint(store: DurableStore, manifest: PartitionManifest, *,

@@ -262,9 +262,10 @@ class PartitionManifest:
     mode: str = "incremental"
     materialization: MaterializationRef | None = None
     pending_materialization: MaterializationRef | None = None
-    # the writer epoch (statebackend.checkpoint.fencing) its task published under; None:
-    # written without fencing
+    # the writer epoch (statebackend.checkpoint.fencing) its task published under, and the
+    # query it ran for (None: a batch run); None: written without fencing
     writer_epoch: int | None = None
+    writer_query: str | None = None
     # Correctness data, not metrics: how readers of the state (read_state, savepoints,
     # the CLI) decode grouping keys, the partition's running max event time and the
     # watermark its batch ran with (the next batches' watermarks derive from them)
@@ -380,7 +381,7 @@ class PartitionManifest:
         d["full_size"] = self.full_size
         d["incremental_size"] = self.incremental_size
         d["metrics"] = dict(self.metrics)
-        for k in ("slices", "placement"):
+        for k in ("slices", "placement", "writer_query"):
             if not d[k]:
                 del d[k]  # manifests without them read as they always did
         return json.dumps(d, sort_keys=True, indent=1)

@@ -236,7 +236,8 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
     if not missing or (latest is not None and latest.checkpoint_id >= checkpoint_id):
         return []
     wm = peer_watermark(ostore, by_partition)
-    epoch = getattr(coordinator, "_epoch", None)
+    stamp = coordinator.writer_stamp
+    epoch = None if stamp is None else stamp.epoch
     same = latest is not None and latest.parallelism == coordinator.parallelism
     origins = read_recorded_manifests(ostore, latest, missing) if same else {}
     for p in missing:
@@ -251,7 +252,8 @@ def carry_on_driver(coordinator: Any, checkpoint_id: int, options: Any, local_ro
                           local_root, ManifestFacts(
                               key_columns=base.key_columns, key_types=base.key_types,
                               watermark_ms=wm, never_ran=latest is None,
-                              placement=base.placement), epoch,
+                              placement=base.placement,
+                              writer_query=None if stamp is None else stamp.query_id), epoch,
                           savepoint)
     log.info("operator %s batch %d: carried over partitions %s (no rows)",
              coordinator.operator_id, checkpoint_id, missing)

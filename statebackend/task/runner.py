@@ -34,6 +34,7 @@ from .context import (
     decode_key,
     group_by_key,
     kg_range_of,
+    run_identity,
     task_identity,
 )
 from .executor import current_executor_id
@@ -100,7 +101,8 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             max_event_time_ms=max_opt(ctx.max_event_time_ms, source.max_event_time_ms),
             # the next batch drops input at or before this watermark (Spark's rule)
             watermark_ms=None if config.watermark is None else event.watermark_ms,
-            placement=config.plan_name)
+            placement=config.plan_name,
+            writer_query=run_identity(config)[0] if config.options.fencing else None)
         published = state.commit(checkpoint_id, attempt, states, metrics.to_dict(), facts)
     finally:
         state.release(published)

@@ -13,7 +13,8 @@ from harness import check_batches, random_batches, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.checkpoint.fencing import latest_writer, list_epochs
-from statebackend.storage import open_store
+from statebackend.restore.carry import manifests_at
+from statebackend.storage import open_store, read_manifest
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
@@ -54,6 +55,9 @@ def test_a_second_query_on_a_running_querys_location_is_refused(spark, tmp_path)
         ostore = open_store(state).child(OP)
         owner = latest_writer(ostore)
         assert owner is not None and owner.query_id == str(a.id)
+        # what the owner's tasks publish names its query too
+        for rel in manifests_at(ostore, 0).values():
+            assert all(read_manifest(ostore, r).writer_query == str(a.id) for r in rel)
         # the same state URL configured by mistake for another query (its own Spark
         # checkpoint, so another query id), while the owner runs
         out_b: dict[int, pd.DataFrame] = {}
