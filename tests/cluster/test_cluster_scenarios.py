@@ -39,27 +39,32 @@ def sliding_batches(n: int, seed: int = 7, rows: int = 60) -> list[pd.DataFrame]
 COUNT = random_batches(6, seed=3)           # 4 batches, then 2 more after a restart
 FAULT = random_batches(3, seed=21, rows=40, keys=8)
 SLIDING = sliding_batches(5)
-SCENARIOS = [  # (name, data, batches before the restart or None, watermark)
-    ("count", COUNT, 4, False),
-    ("processing_timer", SLIDING, None, False),
-    ("event_timer", SLIDING, None, True),
-    ("event_timeout", SLIDING, None, True),
-    ("task_failure", FAULT, None, False),
-    ("worker_killed", FAULT, None, False),
-    ("executor_lost", FAULT, None, False),  # last: it kills an executor
+CARRIER = random_batches(10, seed=5, rows=80, keys=24)
+SCENARIOS = [  # (name, data, batches before the restart or None, watermark, options)
+    ("count", COUNT, 4, False, {}),
+    ("processing_timer", SLIDING, None, False, {}),
+    ("event_timer", SLIDING, None, True, {}),
+    ("event_timeout", SLIDING, None, True, {}),
+    # test_the_default_keeps_partitions_on_their_executors: every checkpoint retained
+    ("carrier_count", CARRIER, None, False, {"num_retained": len(CARRIER) + 1}),
+    ("task_failure", FAULT, None, False, {}),
+    ("worker_killed", FAULT, None, False, {}),
+    ("executor_lost", FAULT, None, False, {}),  # last: it kills an executor
 ]
 
 
 @pytest.fixture(scope="module")
 def cluster(moto_server, tmp_path_factory) -> dict:
-    """Every scenario, run once on one cluster; the job's result per scenario."""
+    """Every scenario, run once on one cluster (a cluster costs a driver and two executor
+    JVMs to start); the job's result per scenario."""
     work = tmp_path_factory.mktemp("cluster")
     bucket = "sb-cluster"
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
         Bucket=bucket)
     scenarios = []
-    for name, data, first, watermark in SCENARIOS:
-        sc = {"name": name, "input": str(work / name / "in"), "watermark": watermark}
+    for name, data, first, watermark, options in SCENARIOS:
+        sc = {"name": name, "input": str(work / name / "in"), "watermark": watermark,
+              **options}
         write_batches(sc["input"], data[:first])
         if first is not None:
             sc["more"] = str(work / name / "more")
@@ -156,3 +161,39 @@ def test_fault_ends_with_failure_free_output(cluster, name):
     check_restores(res, len(FAULT))
     if name == "executor_lost":
         assert res["killed"], "the executor was never killed: the fault did not happen"
+
+
+# --- the default placement ------------------------------------------------------------------
+# With one ``local_dir`` per executor and no ``placement`` option, each partition's task runs
+# where its state is, micro-batch after micro-batch. A new location on a cluster (any master
+# but ``local[N]``) gets the carrier plan by default (``placement="auto"``,
+# statebackend/spark/placement.py): each partition runs inside a Spark stateful operator,
+# whose state-store scheduling keeps it on the executor that last ran it. The shuffle plan
+# left the executor to Spark's scheduler: about half the steady-state tasks restored from
+# durable storage on two executors (BENCHMARKS.md, "Local-recovery hit rate on a cluster").
+# The bound is loose so that scheduler noise (a busy executor past ``spark.locality.wait``)
+# does not break it, while a return to the coin toss does.
+
+LOCAL = {"resident", "working_dir", "local_copy"}
+
+
+def test_the_default_keeps_partitions_on_their_executors(cluster):
+    res = cluster["carrier_count"]
+    assert res["placement"] == "carrier"  # chosen by the default, recorded
+    same_output(res["out"], running_counts(CARRIER)[0])
+    assert res["completed"] == list(range(len(CARRIER)))
+    # steady state: from batch 2 on (batch 0 starts empty, batch 1 may be a partition's
+    # first task on the executor Spark placed its state store on); carried: no rows, no task
+    sources = [src for b in range(2, len(CARRIER))
+               for src in res["restores"][str(b)].values() if src != "carried"]
+    assert len(sources) >= len(CARRIER) - 2, res["restores"]
+    local = sum(src in LOCAL for src in sources)
+    assert local >= 0.75 * len(sources), res["restores"]
+    # each task records its executor: a kept-open instance is found only where it ran last
+    ran = [(b, p, res["executors"][str(b)][p]) for b in range(1, len(CARRIER))
+           for p, src in res["restores"][str(b)].items() if src != "carried"]
+    assert {e for _b, _p, e in ran} <= {"0", "1"}, res["executors"]
+    for b, p, e in ran:
+        if res["restores"][str(b)][p] == "resident":
+            before = res["executors"][str(b - 1)].get(p)  # None: carried, no task ran
+            assert before in (e, None), (b, p, res["executors"])
