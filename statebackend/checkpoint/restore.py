@@ -240,8 +240,9 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     for f in manifest.foreign_changelogs():
         raise CorruptStateError(
             f"{where} of partition {manifest.partition} lists changelog {f.path}, which "
-            f"another partition wrote: its entries are not this partition's state (the "
-            f"manifest was edited); restore from another retained checkpoint",
+            f"another partition wrote{_expected(manifest, f)}: its entries are not this "
+            f"partition's state (the manifest was edited); restore from another retained "
+            f"checkpoint",
             checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     try:
         total += _replay_chain(store, manifest, local_dir, start, origin.checkpoint_id,
@@ -249,6 +250,12 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     finally:
         instance.changelog = recording
     return total
+
+
+def _expected(manifest: PartitionManifest, f: FileEntry) -> str:
+    """Where the lineage of ``manifest`` wrote changelog ``f``'s batch, for a message."""
+    home = manifest.changelog_home(changelog_id(f.name))
+    return "" if home is None else f" (its lineage wrote that batch in {home})"
 
 
 def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,
