@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from statebackend.checkpoint.materialize import Lineage
 from statebackend.errors import CorruptStateError
 from statebackend.model.changelog_sources import (
     ChangelogSource,
@@ -17,7 +18,7 @@ from statebackend.model.changelog_sources import (
     extended_sources,
     live_sources,
 )
-from statebackend.model.manifest import FileEntry, PartitionManifest
+from statebackend.model.manifest import FileEntry, MaterializationRef, PartitionManifest
 
 
 def _manifest(partition: int, n: int, paths: list[str], sources=None, *,
@@ -157,3 +158,25 @@ def test_extended_and_live_sources():
     logs = _manifest(0, 9, [cl(5, 2), cl(8, 0), cl(9, 0)]).changelog_files
     assert live_sources((s(1, 4), s(2, 7)), logs) == ((2, 7),)  # batch 4 was materialized
     assert live_sources((s(1, 4), s(2, 7)), ()) == ()
+
+
+def test_lineage_of_a_rescaled_base_adds_its_directory_even_with_this_partitions_number():
+    # 4 -> 3: new p1 (key groups 3..5 of 8) built on old p1 (2..3): same number, other range
+    base = _manifest(1, 4, [cl(3, 0), cl(4, 1)], ((0, 3),), kg=(2, 3))
+    lin = Lineage.continuing(base, 1, (3, 5))
+    assert lin.changelog_sources == ((0, 3), (1, 4))
+    # not rescaled: the base's segments, nothing added
+    assert Lineage.continuing(base, 1, (2, 3)).changelog_sources == ((0, 3),)
+
+
+def test_lineage_of_a_legacy_base_derives_its_segments():
+    base = _manifest(2, 4, [cl(2, 1), cl(3, 1), cl(4, 2)], None, kg=(4, 5))
+    assert Lineage.continuing(base, 2, (4, 5)).changelog_sources == ((1, 3),)
+    assert Lineage.continuing(base, 1, (3, 5)).changelog_sources == ((1, 3), (2, 4))
+
+
+def test_lineage_of_another_partition_drops_its_pending_materialization_only():
+    base = PartitionManifest(**{**_manifest(1, 4, [cl(4, 1)], (), kg=(2, 3)).__dict__,
+                                "pending_materialization": MaterializationRef(4, "x")})
+    assert Lineage.continuing(base, 2, (4, 5)).pending is None
+    assert Lineage.continuing(base, 1, (3, 5)).pending == MaterializationRef(4, "x")
