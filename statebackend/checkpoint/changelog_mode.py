@@ -253,11 +253,12 @@ class ChangelogUpload(CheckpointOperation):
                                            lineage.changelogs + own))
         for f in manifest.foreign_changelogs():
             raise CheckpointError(
-                f"checkpoint {req.checkpoint_id} partition {t.partition}: its lineage lists "
-                f"changelog {f.path}, not where the lineage wrote it "
-                f"({manifest.changelog_home(changelog_id(f.name))}); the state it was "
-                f"restored from ({None if base is None else base.path}) does not hold its "
-                f"changelogs where it says, so nothing is published")
+                f"checkpoint {req.checkpoint_id} partition {t.partition}: its base "
+                f"{None if base is None else base.path} lists changelog {f.path}, where "
+                f"its lineage did not write that batch "
+                f"({manifest.changelog_home(changelog_id(f.name))}), so readers would "
+                f"refuse the checkpoint and nothing is published; restore from another "
+                f"retained checkpoint")
         return manifest
 
     def _materialization_uploading(self, ref: MaterializationRef) -> bool:

@@ -14,12 +14,12 @@ import pytest
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint.materialize import wait_for_materializations
 from statebackend.coordinator import CheckpointCoordinator
-from statebackend.errors import CorruptStateError
+from statebackend.errors import CheckpointError, CorruptStateError
 from statebackend.keys.grouping_key import encode_grouping_key
 from statebackend.keys.groups import key_group
 from statebackend.keys.ranges import key_group_range
 from statebackend.model.changelog_sources import foreign_legacy
-from statebackend.model.manifest import PartitionManifest
+from statebackend.model.manifest import PartitionManifest, manifest_path
 from statebackend.options import StateBackendOptions
 from statebackend.restore.rescale import restore_rescaled
 from statebackend.rocksdb.instance import RocksDBInstance
@@ -165,3 +165,35 @@ def test_another_partitions_changelog_of_the_same_batch_in_the_middle_is_refused
         _restored(store, edited, opts)
     assert bad.value.path == theirs.path
     assert theirs.path in str(bad.value)
+
+
+def test_a_base_listing_a_changelog_where_its_lineage_did_not_write_it_publishes_nothing(
+        tmp_path):
+    # a kept-open instance resumes from its manifest unread: the writer checks what it
+    # would publish, so a checkpoint no reader would restore is never published
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = StateBackendOptions(max_parallelism=MAXP, local_dir=str(tmp_path / "local"),
+                               checkpoint_mode="changelog", materialize_interval=100,
+                               materialize_inline_ratio=0.0)
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    inst, _ = cp.restore(None)
+    try:
+        m = None
+        for n in range(3):
+            inst.write({"default": {b"k%d" % n: b"v"}})
+            m, _ = cp.checkpoint(inst, n, f"a{n}", (0, MAXP - 1))
+            wait_for_materializations()
+            cp.resume(m, inst)
+        assert m is not None and [f.name[-6:] for f in m.changelog_files] == [
+            "1.sbcl", "2.sbcl"] and m.changelog_sources == ()
+        moved = m.changelog_files[0]
+        edited = replace(m, files=tuple(
+            replace(f, path=f.path.replace("/p0/", "/p1/")) if f == moved else f
+            for f in m.files))
+        cp.resume(edited, inst)
+        inst.write({"default": {b"k3": b"v"}})
+        with pytest.raises(CheckpointError, match="chk-1/p0/"):
+            cp.checkpoint(inst, 3, "a3", (0, MAXP - 1))
+    finally:
+        inst.close()
+    assert not store.child(OP).exists(manifest_path(3, 0, "a3"))
