@@ -79,7 +79,7 @@ def run(tmp_path_factory):
     store = open_store(str(tmp / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(max_parallelism=MAXP, local_dir=str(tmp / "local"),
                                checkpoint_mode="changelog", materialize_interval=6,
-                               materialize_inline_ratio=0.0)
+                               materialize_inline_ratio=0.0, rolling_slices=0)
     coord = CheckpointCoordinator(store, OP, parallelism=2, max_parallelism=MAXP,
                                   num_retained=20)
     model: dict[bytes, int] = {}
@@ -174,7 +174,7 @@ def test_a_base_listing_a_changelog_where_its_lineage_did_not_write_it_publishes
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(max_parallelism=MAXP, local_dir=str(tmp_path / "local"),
                                checkpoint_mode="changelog", materialize_interval=100,
-                               materialize_inline_ratio=0.0)
+                               materialize_inline_ratio=0.0, rolling_slices=0)
     cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
     inst, _ = cp.restore(None)
     try:
