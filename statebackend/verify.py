@@ -22,8 +22,10 @@ What the checks prove, in the order a restore depends on them:
   ``OPTIONS`` file is there (RocksDB refuses to open without them);
 * ``slices_listed`` (rolling slices): every unit's files are listed;
 * ``changelogs_continuous`` (changelog mode): the changelogs replay without a gap from the
-  materialization up to the checkpoint itself, and none is another partition's
-  (:meth:`~statebackend.model.manifest.PartitionManifest.foreign_changelogs`);
+  materialization up to the checkpoint itself, and each is in the directory its lineage
+  wrote it in (:meth:`~statebackend.model.manifest.PartitionManifest.foreign_changelogs`:
+  the partition's own, or an old layout's partition the manifest's
+  ``changelog_sources`` name for its batch after a rescale);
 * for the location as a whole (:func:`location_problems`, when every checkpoint is
   verified): ``_checkpoints/LATEST.json`` parses, and neither it nor the ``_metrics/``
   files name a completed checkpoint newer than the newest record (a rollback, which
@@ -233,9 +235,12 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
         if m.mode != "changelog":
             continue
         for f in m.foreign_changelogs():
+            home = m.changelog_home(changelog_id(f.name))
+            wrote = "" if home is None else f"; its lineage wrote that batch in {home}"
             yield Problem(c.checkpoint_id, p, f.path,
-                          f"changelog: written by another partition than {p} (a changelog "
-                          f"is replayed only onto its own partition's state)")
+                          f"changelog: {f.path} was written by another partition than "
+                          f"{p}{wrote} (a changelog is replayed only onto its own "
+                          f"partition's state)")
         covered = m.materialized_id
         if m.slices:  # rolling slices: the changelogs after the oldest unit
             from .checkpoint.slices import covering

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from ..errors import CheckpointError, CommitFailedError, StorageError
 from ..local.disk import LocalRecovery, copy_in_flight
+from ..model.changelog_sources import live_sources
 from ..model.manifest import (
     FileEntry,
     MaterializationRef,
@@ -116,11 +117,7 @@ class ChangelogUpload(CheckpointOperation):
         self.stats = self.rec.finish(base=-1 if base is None else base.checkpoint_id, batch=n)
         os.replace(self.rec.path, self.local_log)
         self.counts0 = t.store.request_counts()
-        lineage = Lineage.of(base)
-        if base is not None and base.partition != t.partition:
-            # rescaled: the old partition's materialization in flight is not ours to
-            # adopt (its changelogs, replayed before this batch's, still are the state)
-            lineage = lineage.without_pending()
+        lineage = Lineage.continuing(base, t.partition, req.key_group_range)
         lineage, self.adoption = try_adopt(t.store, lineage, t.partition, n,
                                            t.options.materialize_interval,
                                            self._materialization_uploading)
@@ -177,7 +174,8 @@ class ChangelogUpload(CheckpointOperation):
             lineage.db_files if cover.needs_base else (),
             tuple(c for c in lineage.changelogs if changelog_id(c.name) > cover.start),
             lineage.pending, kept,
-            tuple(f for f in lineage.slice_files if f.name in old_names))
+            tuple(f for f in lineage.slice_files if f.name in old_names),
+            lineage.changelog_sources)
         return rolled, kept, cover.start < n
 
     def run(self) -> tuple[PartitionManifest, CheckpointMetrics]:
@@ -237,9 +235,11 @@ class ChangelogUpload(CheckpointOperation):
             pass
 
     def _manifest(self, own: tuple[FileEntry, ...]) -> PartitionManifest:
+        """The manifest to publish; refused (nothing published) when a reader would
+        refuse its changelogs as another partition's."""
         t, req, lineage, base = self.target, self.request, self.lineage, self.request.base
         kgr = req.key_group_range
-        return PartitionManifest(
+        manifest = PartitionManifest(
             operator_id=t.operator_id, partition=t.partition,
             checkpoint_id=req.checkpoint_id, attempt=req.attempt, key_group_start=kgr[0],
             key_group_end=kgr[1], max_parallelism=t.options.max_parallelism,
@@ -248,7 +248,18 @@ class ChangelogUpload(CheckpointOperation):
             states=req.states, created_at_ms=int(time.time() * 1000),
             mode="changelog", materialization=lineage.materialization,
             pending_materialization=lineage.pending, writer_epoch=t.writer_epoch,
-            slices=lineage.slices)
+            slices=lineage.slices,
+            changelog_sources=live_sources(lineage.changelog_sources,
+                                           lineage.changelogs + own))
+        for f in manifest.foreign_changelogs():
+            raise CheckpointError(
+                f"checkpoint {req.checkpoint_id} partition {t.partition}: its base "
+                f"{None if base is None else base.path} lists changelog {f.path}, where "
+                f"its lineage did not write that batch "
+                f"({manifest.changelog_home(changelog_id(f.name))}), so readers would "
+                f"refuse the checkpoint and nothing is published; restore from another "
+                f"retained checkpoint")
+        return manifest
 
     def _materialization_uploading(self, ref: MaterializationRef) -> bool:
         """Whether a live process of this machine still uploads materialization ``ref``

@@ -30,8 +30,10 @@ from dataclasses import dataclass, replace
 
 from ..errors import CorruptStateError
 from ..local.disk import INFLIGHT_SUFFIX
+from ..model.changelog_sources import derived_sources, extended_sources
 from ..model.manifest import (
     MATERIALIZED_PREFIX,
+    ChangelogSource,
     FileEntry,
     MaterializationRef,
     PartitionManifest,
@@ -72,6 +74,12 @@ class Lineage:
         Changelogs after the materialization, in batch order.
     pending : MaterializationRef or None
         A materialization being uploaded in the background.
+    slices, slice_files
+        Rolling slices: the units and their files.
+    changelog_sources : tuple of ChangelogSource
+        Where ``changelogs`` before this partition's own are (other partitions'
+        directories, after rescales: :mod:`statebackend.model.changelog_sources`); the
+        manifest keeps those its changelogs still need (:func:`live_sources`).
     """
 
     materialization: MaterializationRef | None
@@ -80,6 +88,7 @@ class Lineage:
     pending: MaterializationRef | None = None
     slices: tuple[SliceRef, ...] = ()
     slice_files: tuple[FileEntry, ...] = ()
+    changelog_sources: tuple[ChangelogSource, ...] = ()
 
     @classmethod
     def of(cls, restored: PartitionManifest | None) -> Lineage:
@@ -88,13 +97,40 @@ class Lineage:
             return cls(None, (), ())
         carried = tuple(replace(f, uploaded=False) for f in restored.db_files)
         if restored.mode == "changelog":
+            logs = restored.changelog_files
+            sources = restored.changelog_sources
+            if sources is None:  # written before they were recorded
+                sources = derived_sources(logs, restored.partition)
             return cls(restored.materialization, carried,
-                       tuple(replace(f, uploaded=False) for f in restored.changelog_files),
+                       tuple(replace(f, uploaded=False) for f in logs),
                        restored.pending_materialization, restored.slices,
                        tuple(replace(f, uploaded=False)
-                             for f in restored.slice_files.values()))
+                             for f in restored.slice_files.values()), sources)
         # an incremental checkpoint is a materialization of itself (switching modes)
         return cls(restored.snapshot_ref, carried, ())
+
+    @classmethod
+    def continuing(cls, base: PartitionManifest | None, partition: int,
+                   key_group_range: tuple[int, int]) -> Lineage:
+        """The lineage partition ``partition`` (owning ``key_group_range``) continues from
+        ``base``, the checkpoint its state was restored from.
+
+        A base of another key-group range is a rescale's (the first overlapping old
+        partition's checkpoint, maybe of this partition's number under the old layout):
+        its changelogs, replayed before this partition's own, are in its directory, up to
+        its checkpoint. Of another partition, its materialization in flight is not ours
+        to adopt (its changelogs, replayed before this batch's, still are the state).
+        """
+        lineage = cls.of(base)
+        if base is None:
+            return lineage
+        if base.partition != partition:
+            lineage = lineage.without_pending()
+        if base.partition != partition or \
+                (base.key_group_start, base.key_group_end) != tuple(key_group_range):
+            lineage = replace(lineage, changelog_sources=extended_sources(
+                lineage.changelog_sources, base.partition, base.checkpoint_id))
+        return lineage
 
     @property
     def materialized_id(self) -> int | None:
@@ -127,7 +163,8 @@ class Lineage:
         return Lineage(ref, tuple(replace(f, uploaded=False) for f in published.files),
                        tuple(c for c in self.changelogs
                              if changelog_id(c.name) > ref.checkpoint_id), None, slices,
-                       tuple(f for f in self.slice_files if f.name in names))
+                       tuple(f for f in self.slice_files if f.name in names),
+                       self.changelog_sources)
 
     def without_pending(self) -> Lineage:
         return replace(self, pending=None)

@@ -226,7 +226,21 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
                       manifest: PartitionManifest, local_dir: str | None = None) -> int:
     """Replay the changelogs of ``manifest`` in order onto ``instance`` (opened from its
     :attr:`~PartitionManifest.db_files`); returns how many of their bytes were downloaded
-    (the others were local copies)."""
+    (the others were local copies).
+
+    Raises
+    ------
+    CorruptStateError
+        A changelog is missing, corrupt, leaves a gap, or is another partition's
+        (:meth:`~PartitionManifest.foreign_changelogs`), naming it.
+    """
+    for f in manifest.foreign_changelogs():
+        raise CorruptStateError(
+            f"manifest {manifest.path} of partition {manifest.partition} lists changelog "
+            f"{f.path}, which another partition wrote{_expected(manifest, f)}: its "
+            f"entries are not this partition's state (the manifest was edited); restore "
+            f"from another retained checkpoint",
+            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     if manifest.slices:
         return _replay_rolling(instance, store, manifest, local_dir)
     recording, instance.changelog = instance.changelog, None
@@ -236,19 +250,18 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     # carries (statebackend.model.carry): its chain ends there
     origin = carried_origin(manifest) or manifest
     start = -1 if origin.materialized_id is None else origin.materialized_id
-    where = f"manifest {manifest.path}"
-    for f in manifest.foreign_changelogs():
-        raise CorruptStateError(
-            f"{where} of partition {manifest.partition} lists changelog {f.path}, which "
-            f"another partition wrote: its entries are not this partition's state (the "
-            f"manifest was edited); restore from another retained checkpoint",
-            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     try:
         total += _replay_chain(store, manifest, local_dir, start, origin.checkpoint_id,
                                lambda data, _n, path: replay(instance, data, where=path))
     finally:
         instance.changelog = recording
     return total
+
+
+def _expected(manifest: PartitionManifest, f: FileEntry) -> str:
+    """Where the lineage of ``manifest`` wrote changelog ``f``'s batch, for a message."""
+    home = manifest.changelog_home(changelog_id(f.name))
+    return "" if home is None else f" (its lineage wrote that batch in {home})"
 
 
 def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,

@@ -15,7 +15,8 @@ In changelog mode (``mode="changelog"``) an attempt uploads one changelog,
 ``changelog-<n>.sbcl``; when it also materializes, a background thread later uploads the
 snapshot's files as ``m-<file>`` and publishes ``_MATERIALIZED.json`` (a manifest of mode
 ``materialization``) in the same attempt directory. A changelog manifest's ``files`` are
-its base materialization's files plus the ordered changelogs after it.
+its base materialization's files plus the ordered changelogs after it; which partition's
+directory each changelog must be in is :mod:`.changelog_sources`' rule.
 
 A file uploaded by checkpoint n keeps its path when later checkpoints reuse it, so a
 bounded sweep of one checkpoint's or one attempt's directory finds every file it created.
@@ -32,6 +33,16 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import CorruptStateError, FormatVersionError, UnsafePathError
+from .changelog_sources import (  # noqa: F401 - re-exported: the names belong to manifests
+    ChangelogSource,
+    changelog_id,
+    changelog_name,
+    checked_sources,
+    foreign,
+    foreign_legacy,
+    is_changelog_name,
+)
+from .changelog_sources import changelog_home as _changelog_home
 from .latest import (  # noqa: F401 - re-exported: the pointer lives beside the records
     LATEST_PATH,
     LatestPointer,
@@ -212,25 +223,6 @@ def _carried(d: Any) -> CarriedFrom | None:
     return None if d is None else CarriedFrom(int(d["checkpoint_id"]), str(d["attempt"]))
 
 
-_CHANGELOG_NAME = re.compile(r"^changelog-(\d{12})\.sbcl$")
-
-
-def changelog_name(checkpoint_id: int) -> str:
-    """File name of the changelog of batch ``checkpoint_id`` (names sort in batch order)."""
-    return f"changelog-{checkpoint_id:012d}.sbcl"
-
-
-def is_changelog_name(name: str) -> bool:
-    return _CHANGELOG_NAME.match(name) is not None
-
-
-def changelog_id(name: str) -> int:
-    m = _CHANGELOG_NAME.match(name)
-    if m is None:
-        raise ValueError(f"{name!r} is not a changelog file name")
-    return int(m.group(1))
-
-
 @dataclass(frozen=True)
 class PartitionManifest:
     """What one attempt of checkpoint ``checkpoint_id`` of one partition published.
@@ -288,11 +280,21 @@ class PartitionManifest:
     # placement): a restart under placement="auto" keeps it. None: a batch run, a
     # materialization, or a version that did not record it
     placement: str | None = None
+    # changelog mode: where the lineage's changelogs from before its partition's own are
+    # (statebackend.model.changelog_sources): ``(partition, through)`` segments, ordered,
+    # the changelogs after the last one in ``p<partition>``. Empty: every changelog is
+    # this partition's; None: not changelog mode, or a manifest written before the field
+    # existed (:meth:`foreign_changelogs` then applies its older, weaker rule)
+    changelog_sources: tuple[ChangelogSource, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"manifest mode {self.mode!r} is not one of {MODES}")
         check_placement(self.placement, "manifest")
+        if self.changelog_sources is not None:
+            # JSON gives lists: keep the manifest equal to the one written
+            object.__setattr__(self, "changelog_sources",
+                               checked_sources(self.changelog_sources))
 
     # --- derived ----------------------------------------------------------------------
 
@@ -342,30 +344,26 @@ class PartitionManifest:
         return MaterializationRef(self.checkpoint_id, self.attempt)
 
     def foreign_changelogs(self) -> tuple[FileEntry, ...]:
-        """Changelogs that cannot belong to this partition's lineage.
+        """Changelogs that cannot belong to this partition's lineage, in batch order.
 
-        A changelog is replayed onto the state of the partition that wrote it. After a
-        rescale a partition's lineage starts in the base partitions' directories (their
-        snapshot and changelogs, clipped by the first changelog written here), which may
-        include a directory of this partition's *number* written under an older layout
-        (4 -> 3 partitions: new p1's lineage runs through old p1's and old p2's). So only
-        the end of the lineage says whose it is: its last changelog is this checkpoint's
-        own (``chk-<n>/p<p>/``). A last changelog in another partition's directory after
-        anything of this partition's is another partition's state (a manifest edited to
-        list it). A foreign changelog edited in *before* this partition's last one looks
-        like a rescale's lineage here; ``verify --deep`` reads the entries themselves.
+        A changelog is replayed onto the state of the partition that wrote it. With
+        :attr:`changelog_sources` recorded, each changelog must be at
+        :meth:`changelog_home` of its batch (its checkpoint's directory of the partition
+        whose segment holds the batch, this partition's own after the last segment);
+        every one that is not is returned. A manifest without them (written before they
+        existed) keeps the older rule (:func:`~.changelog_sources.foreign_legacy`): only
+        a last changelog in another partition's directory is seen.
         """
-        own = f"p{self.partition}"
+        if self.changelog_sources is None:
+            return foreign_legacy(self.changelog_files, self.db_files, self.partition)
+        return foreign(self.changelog_files, self.partition, self.changelog_sources)
 
-        def part(f: FileEntry) -> str | None:
-            parts = f.path.split("/")
-            return parts[1] if len(parts) > 2 and parts[0].startswith("chk-") else None
-
-        logs = self.changelog_files
-        if not logs or part(logs[-1]) == own:
-            return ()
-        earlier = [part(f) for f in (*self.db_files, *logs[:-1])]
-        return (logs[-1],) if own in earlier or part(logs[-1]) is None else ()
+    def changelog_home(self, batch: int) -> str | None:
+        """The directory (``chk-<batch>/p<q>/``) its lineage wrote the changelog of
+        ``batch`` in (None: no :attr:`changelog_sources` recorded, so not known)."""
+        if self.changelog_sources is None:
+            return None
+        return _changelog_home(self.changelog_sources, self.partition, batch)
 
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""
@@ -384,6 +382,8 @@ class PartitionManifest:
         for k in ("slices", "placement", "writer_query"):
             if not d[k]:
                 del d[k]  # manifests without them read as they always did
+        if d["changelog_sources"] is None:
+            del d["changelog_sources"]  # empty is written: it says "all this partition's"
         return json.dumps(d, sort_keys=True, indent=1)
 
     @classmethod

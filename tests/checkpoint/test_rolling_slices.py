@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from test_changelog import Model, apply, dump, restore_durable
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import slices as sl
-from statebackend.errors import StorageError
+from statebackend.errors import CorruptStateError, StorageError
 from statebackend.model.manifest import PartitionManifest, SliceRef, changelog_id
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
@@ -228,3 +229,29 @@ def test_coverage_merge_and_prune() -> None:
     c3 = sl.covering((0, 15), merged + (SliceRef(4, 7, 6, ()),), base_id=2)
     assert SliceRef(0, 7, 3, ("s1",)) not in sl.prune_slices(
         merged + (SliceRef(4, 7, 6, ()),), c3)
+
+
+def test_a_changelog_listed_from_another_partitions_directory_is_refused(tmp_path: Path
+                                                                         ) -> None:
+    # a restore of rolling slices checks whose its changelogs are as any other does
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=N,
+                               max_parallelism=16)
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    inst, _ = cp.restore(None)
+    rng, model = random.Random(5), {}
+    try:
+        for n in range(1, 4):
+            apply(inst, model, random_batch(rng))
+            m, _ = cp.checkpoint(inst, n, "a0", KGR)
+            cp.resume(m, inst)
+    finally:
+        inst.close()
+    assert m.slices and len(m.changelog_files) >= 2 and m.changelog_sources == ()
+    assert restore_durable(store, m, opts) == model
+    mine = m.changelog_files[0]
+    theirs = replace(mine, path=mine.path.replace("/p0/", "/p1/"))
+    edited = replace(m, files=tuple(theirs if f == mine else f for f in m.files))
+    with pytest.raises(CorruptStateError, match="another partition") as bad:
+        restore_durable(store, edited, opts)
+    assert bad.value.path == theirs.path

@@ -82,7 +82,7 @@ class Built:
 
 
 def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
-           n_keys: int = 200) -> Built:
+           n_keys: int = 200, materialize_interval: int = 2) -> Built:
     from statebackend.checkpoint import PartitionCheckpointer
     from statebackend.checkpoint.materialize import wait_for_materializations
     from statebackend.coordinator import CheckpointCoordinator
@@ -94,7 +94,8 @@ def _build(root: str, mode: str, batches: int = 4, parallelism: int = 2,
     from statebackend.storage import open_store
 
     store = open_store(f"{root}/durable", backoff_s=0.0)
-    kw = ({"checkpoint_mode": mode, "materialize_interval": 2, "materialize_inline_ratio": 0.0}
+    kw = ({"checkpoint_mode": mode, "materialize_interval": materialize_interval,
+           "materialize_inline_ratio": 0.0}
           if mode == "changelog" else {"checkpoint_mode": mode})
     opts = StateBackendOptions(max_parallelism=BUILT_MAXP, local_dir=f"{root}/local", **kw)
     coord = CheckpointCoordinator(store, BUILT_OPERATOR, parallelism=parallelism,
@@ -132,8 +133,25 @@ def built(request, tmp_path_factory) -> Built:
     return _build(str(tmp_path_factory.mktemp(f"built-{request.param}")), request.param)
 
 
+@pytest.fixture(scope="session")
+def built_long_lineage(tmp_path_factory) -> Built:
+    """``built`` in changelog mode, materialized every 4 batches instead of 2: the latest
+    manifests list the changelogs of batches 1 to 3 (in ``built`` a materialization
+    adopted at batch 3 leaves one)."""
+    return _build(str(tmp_path_factory.mktemp("built-long-lineage")), "changelog",
+                  materialize_interval=4)
+
+
 @pytest.fixture
 def built_copy(built, tmp_path) -> Built:
     """A private copy of ``built`` for a test that damages it."""
     shutil.copytree(built.url, tmp_path / "durable")
     return Built(str(tmp_path / "durable"), built.mode, built.checkpoints)
+
+
+@pytest.fixture
+def built_long_lineage_copy(built_long_lineage, tmp_path) -> Built:
+    """A private copy of ``built_long_lineage`` for a test that damages it."""
+    shutil.copytree(built_long_lineage.url, tmp_path / "durable")
+    return Built(str(tmp_path / "durable"), built_long_lineage.mode,
+                 built_long_lineage.checkpoints)

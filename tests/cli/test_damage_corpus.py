@@ -289,6 +289,24 @@ def foreign_changelog_listed(url: str) -> tuple[str | None, str]:
     return theirs[-1]["path"], "error"
 
 
+def foreign_changelog_listed_in_the_middle(url: str) -> tuple[str | None, str]:
+    """A changelog before partition 0's last one is replaced by partition 1's changelog of
+    the same batch: same (base, batch) span, its own checksums, the record re-signed. Only
+    the directory tells, and only the segments the manifest records say which is right."""
+    n = latest(url)
+    with open(manifest_file(url, n, 0)) as fh:
+        mine = [f for f in json.load(fh)["files"] if f["name"].startswith("changelog-")]
+    with open(manifest_file(url, n, 1)) as fh:
+        theirs = {f["name"]: f for f in json.load(fh)["files"]
+                  if f["name"].startswith("changelog-")}
+    # its test builds a lineage long enough: a changelog before the last one
+    assert len(mine) >= 2, f"partition 0 lists {len(mine)} changelog(s): no middle one"
+    swapped = theirs[mine[-2]["name"]]
+    edit_manifest(url, n, 0, lambda d: d.update(files=[
+        swapped if f["name"] == swapped["name"] else f for f in d["files"]]))
+    return swapped["path"], "error"
+
+
 DAMAGES_34 = [latest_pointer_malformed, latest_pointer_forward, latest_pointer_backward,
               latest_record_deleted_and_pointer_rewritten, older_checkpoint_manifest_edited,
               writer_epoch_files_deleted, sst_swapped_for_another_partitions]
@@ -375,6 +393,13 @@ def test_verify_restore_and_restart_agree_on_each_damage(built, built_copy, tmp_
 @pytest.mark.parametrize("built", ["changelog"], indirect=True)
 def test_a_foreign_changelog_with_its_own_checksums_is_refused(built, built_copy, tmp_path):
     check_damage(built, built_copy, tmp_path, foreign_changelog_listed)
+
+
+def test_a_foreign_changelog_in_the_middle_of_the_lineage_is_refused(
+        built_long_lineage, built_long_lineage_copy, tmp_path):
+    # verify without --deep gives restore's verdict: the manifest's metadata shows it
+    check_damage(built_long_lineage, built_long_lineage_copy, tmp_path,
+                 foreign_changelog_listed_in_the_middle)
 
 
 # --- every remedy a message suggests works -----------------------------------------------
