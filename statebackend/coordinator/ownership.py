@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..checkpoint.fencing import check_owner, fenced_error, resolve_owner, writer_history
+from ..checkpoint.fencing import (
+    Owner,
+    check_owner,
+    fenced_error,
+    resolve_owner,
+    writer_history,
+)
 from ..errors import CorruptStateError, WriterFencedError
 from ..model.manifest import PartitionManifest, WriterStamp
 from ..storage.accounting import RequestCounts
@@ -134,14 +140,7 @@ class _Owner:
             self._repair_if_due()
             return True
         if run_id is not None and latest.run_id != run_id:
-            held = owner.held_by(self.store, run_id, prefix)
-            if held is not None:
-                raise fenced_error(f"{self.store.root}/{self.operator_id}", held, latest)
-            if run_id not in self._not_owner_logged:
-                self._not_owner_logged.add(run_id)
-                log.warning("operator %s: run %s never took a writer epoch of this location "
-                            "(%s owns it); its coordinator completes, retains and deletes "
-                            "nothing here", self.operator_id, run_id, latest.describe())
+            self._refuse(run_id, owner)
             return False
         moved = self._epoch is not None and latest.epoch != self._epoch
         self._epoch, self._epoch_run, self._stamp = latest.epoch, latest.run_id, latest.stamp
@@ -152,6 +151,20 @@ class _Owner:
         self._retain_for(self._for_owner)
         self._repair_if_due()
         return True
+
+    def _refuse(self, run_id: str, owner: Owner) -> None:
+        """Run ``run_id`` is not the owner: fenced if it held an epoch, else (another
+        query's run, refused at its tasks) logged once."""
+        latest = owner.writer
+        assert latest is not None
+        held = owner.held_by(self.store, run_id, f"{self.operator_id}/")
+        if held is not None:
+            raise fenced_error(f"{self.store.root}/{self.operator_id}", held, latest)
+        if run_id not in self._not_owner_logged:
+            self._not_owner_logged.add(run_id)
+            log.warning("operator %s: run %s never took a writer epoch of this location "
+                        "(%s owns it); its coordinator completes, retains and deletes "
+                        "nothing here", self.operator_id, run_id, latest.describe())
 
     def _may_change(self) -> bool:
         """Whether this coordinator may delete, apply retention and repair the location's
