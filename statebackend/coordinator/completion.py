@@ -132,7 +132,7 @@ class _Completion(_Owner):
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
-            checkpoint_id, record.writer, self._history if record.writer else None))
+            checkpoint_id, record.writer, self._writer.history if record.writer else None))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
         for n in [n for n in self._published if n < checkpoint_id]:
             for rel in self._published.pop(n):
@@ -145,12 +145,12 @@ class _Completion(_Owner):
 
     def _writer_fields(self) -> dict:
         """The writer stamp a record carries (none without fencing or an owner)."""
-        w = self._stamp if self.fencing and self._epoch else None
+        w = self._writer.current
         if w is None:
             return {}
         keep = self._registry.num_retained
         latest = self._registry.latest_id
-        if not self._for_owner and not self.own_retention and latest is not None:
+        if not self._writer.for_owner and not self.own_retention and latest is not None:
             # completing for no run in particular: the record the owner writes, so its
             # retention, not this coordinator's
             keep = self._registry.checkpoints[latest].record.num_retained or keep
@@ -160,13 +160,14 @@ class _Completion(_Owner):
     def _check_chosen_epochs(self, checkpoint_id: int, ms: list[PartitionManifest]) -> None:
         """A chosen manifest published under a newer epoch than the one acted under: a
         newer writer exists whose ``_writers/`` file is gone. Refused, as a newer file is."""
-        if not (self.fencing and self._epoch is not None):
+        epoch = self._writer.epoch
+        if not (self.fencing and epoch is not None):
             return
         newest = max((m.writer_epoch or 0 for m in ms), default=0)
-        if newest > self._epoch:
+        if newest > epoch:
             m = next(m for m in ms if m.writer_epoch == newest)
             raise fenced_error(
-                f"{self.store.root}/{self.operator_id}", self._epoch,
+                f"{self.store.root}/{self.operator_id}", epoch,
                 WriterEpoch(newest, None, "?", 0, f"its manifest {m.path} of checkpoint "
                             f"{checkpoint_id} says so; its _writers/ file is missing", ""))
 
@@ -285,12 +286,11 @@ class _Completion(_Owner):
     def _of_another_query(self, m: PartitionManifest) -> bool:
         """A manifest another streaming query's task published (its fencing evidence gone,
         say) is not this location's state: a failed attempt, never chosen."""
-        own = self._stamp.query_id if self.fencing and self._stamp is not None else None
-        if own is None or m.writer_query is None or m.writer_query == own:
+        if not self._writer.of_another_query(m.writer_query):
             return False
         log.warning("attempt %s of checkpoint %d partition %d was published by query %s, "
-                    "not by %s, which owns the location; treating it as failed", m.attempt,
-                    m.checkpoint_id, m.partition, m.writer_query, own)
+                    "not by the location's owner %s; treating it as failed", m.attempt,
+                    m.checkpoint_id, m.partition, m.writer_query, self._writer.stamp)
         return True
 
     def _missing_files(self, m: PartitionManifest, listing: frozenset[str]) -> list[str]:

@@ -69,7 +69,6 @@ from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleSta
 from ..model.manifest import (
     CompletedCheckpoint,
     PartitionManifest,
-    WriterStamp,
     check_component,
 )
 from ..storage.accounting import RequestCounts
@@ -85,6 +84,7 @@ from .records import (
     key_group_range,
 )
 from .registry import SharedStateRegistry
+from .writer import WriterRole
 
 __all__ = [
     "CheckpointCoordinator",
@@ -177,17 +177,12 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._gc_again = False
         self.fencing = fencing
         self.own_retention = own_retention
-        # the writer epoch this coordinator last acted under, and the run it acts for
-        self._epoch: int | None = None
-        self._epoch_run: str | None = None  # the run that holds self._epoch
-        self._stamp: WriterStamp | None = None  # and its stamp, written into records
+        # whom it acts as (the writer epoch, its run and query): statebackend.coordinator.writer
+        self._writer = WriterRole(store, self.operator_id, fencing, own_retention)
         # retained checkpoints found damaged by the last rebuild: id -> the error
         self._damaged: dict[int, CorruptStateError] = {}
         self._damage_logged: frozenset = frozenset()
-        self._history: dict[str, int] = {}  # runs that held epochs, for LATEST.json
-        self._for_owner = True  # acting for the owning run (its retention applies)
         self._repairs_due = False  # found by a rebuild, left to the owner (_may_change)
-        self._not_owner_logged: set[str] = set()
         if rebuild:
             with self._lock:
                 self._act_as_owner()  # the writer the records below were written under

@@ -97,7 +97,7 @@ class _Rebuild(_Owner):
                 # listing: its deletions are consistent, so read the records again
                 return self._rebuild_again()
             self._registry = SharedStateRegistry.rebuild(self.num_retained, cps, pins)
-            self._retain_for(self._for_owner)
+            self._retain_for(self._writer.for_owner)
             self._report_damage()
             self._watermark = self._read_watermark()
             self._published.clear()
@@ -184,7 +184,7 @@ class _Rebuild(_Owner):
         rec = self._registry.checkpoints[latest].record
         self._check_owner()
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
-            latest, rec.writer, self._history if rec.writer else None))
+            latest, rec.writer, self._writer.history if rec.writer else None))
         return "wrote it again"
 
     def _report_damage(self) -> None:
