@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..checkpoint.fencing import WriterEpoch, fenced_error
-from ..errors import CorruptStateError, IncompatibleStateError, UnsafePathError
+from ..errors import IncompatibleStateError
 from ..model.manifest import (
     LATEST_PATH,
     CompletedCheckpoint,
@@ -19,11 +19,10 @@ from ..model.manifest import (
     choose_manifest,
     completed_record_path,
     latest_pointer,
-    manifest_digest,
     manifests_by_partition,
 )
 from .ownership import _Owner, log
-from .records import _parse_or_error, key_group_range
+from .records import key_group_range
 from .registry import RegisteredCheckpoint
 
 
@@ -102,7 +101,7 @@ class _Completion(_Owner):
         # not one per partition; then the new manifests read in parallel.
         listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
         by_partition = manifests_by_partition(listing)
-        self._read_published_many(checkpoint_id, sorted(
+        self._seen.read_many(checkpoint_id, sorted(
             rel for rels in by_partition.values() for rel in rels))
         chosen: dict[int, PartitionManifest] = {}
         for p in range(self.parallelism):
@@ -124,8 +123,8 @@ class _Completion(_Owner):
             full_size=sum(m.full_size for m in ms),
             incremental_size=sum(m.incremental_size for m in ms),
             created_at_ms=int(self._clock() * 1000), committed=committed,
-            manifest_digests={p: self._digests[m.path] for p, m in chosen.items()
-                              if m.path in self._digests},
+            manifest_digests={p: d for p, m in chosen.items()
+                              if (d := self._seen.digest(m.path)) is not None},
             placement=_one_placement(ms), **self._writer_fields())
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
@@ -134,10 +133,7 @@ class _Completion(_Owner):
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
             checkpoint_id, record.writer, self._writer.history if record.writer else None))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
-        for n in [n for n in self._published if n < checkpoint_id]:
-            for rel in self._published.pop(n):
-                self._digests.pop(rel, None)
-        self._listings = {checkpoint_id: listing}
+        self._seen.completed(checkpoint_id, listing)
         counts1 = self.store.request_counts()
         if counts0 is not None and counts1 is not None:
             self.last_completion_requests = counts1 - counts0
@@ -193,31 +189,11 @@ class _Completion(_Owner):
         bounded listing of that checkpoint's directory)."""
         return bool(self._list(checkpoint_dir(checkpoint_id)))
 
-    def _read_published_many(self, checkpoint_id: int, rels: list[str]) -> None:
-        """Read (in parallel) the manifests among ``rels`` not read before."""
-        cache = self._published.setdefault(checkpoint_id, {})
-        todo = [rel for rel in rels if rel not in cache]
-        if len(todo) > 1:
-            # parsed in the reading threads, while other reads still wait for the store
-            parsed = self.store.get_bytes_many([self._abs(r) for r in todo],
-                                               then=self._digest_and_parse)
-            for rel, m in zip(todo, parsed):
-                self._parse_published(checkpoint_id, rel, m)
-
-    def _digest_and_parse(self, path: str, raw: bytes | None
-                          ) -> PartitionManifest | Exception | None:
-        """In a reading thread: remember the digest of a manifest's bytes (the record of
-        its checkpoint keeps it), then parse it."""
-        rel = path[len(self.operator_id) + 1:]
-        if raw is not None:
-            self._digests[rel] = manifest_digest(raw)
-        return _parse_or_error(raw, rel)
-
     def _choose(self, checkpoint_id: int, partition: int, rels: list[str],
                 listing: frozenset[str]) -> PartitionManifest | None:
         valid = []
         for rel in sorted(rels):
-            m = self._read_published(checkpoint_id, rel)
+            m = self._seen.read(checkpoint_id, rel)
             if m is None:
                 continue
             if not self._check_compatible(m, partition):
@@ -232,37 +208,6 @@ class _Completion(_Owner):
                 continue
             valid.append(m)
         return choose_manifest(valid) if valid else None
-
-    def _read_published(self, checkpoint_id: int, rel: str) -> PartitionManifest | None:
-        cache = self._published.setdefault(checkpoint_id, {})
-        if rel in cache:
-            return cache[rel]
-        try:
-            raw = self.store.get_bytes(self._abs(rel))
-        except FileNotFoundError:
-            raw = None
-        return self._parse_published(checkpoint_id, rel,
-                                     self._digest_and_parse(self._abs(rel), raw))
-
-    def _parse_published(self, checkpoint_id: int, rel: str,
-                         raw: bytes | PartitionManifest | Exception | None
-                         ) -> PartitionManifest | None:
-        cache = self._published.setdefault(checkpoint_id, {})
-        if raw is None:
-            return None  # deleted (aborted) between the listing and the read
-        try:
-            m = _parse_or_error(raw, rel)
-            if isinstance(m, Exception):
-                raise m
-        except (CorruptStateError, UnsafePathError) as exc:
-            log.warning("ignoring unreadable manifest %s: %s", rel, exc)
-            return None
-        if m.path != rel or m.operator_id != self.operator_id:
-            log.warning("ignoring manifest at %s: it describes operator %r path %s",
-                        rel, m.operator_id, m.path)
-            return None
-        cache[rel] = m
-        return m
 
     def _check_compatible(self, m: PartitionManifest, partition: int) -> bool:
         """False for an attempt of another layout (a run with another parallelism that died
@@ -311,7 +256,7 @@ class _Completion(_Owner):
             reg = self._registry
             if checkpoint_id not in reg.checkpoints:
                 return None
-            cache = self._published.get(checkpoint_id, {})
+            cache = self._seen.of(checkpoint_id)
             paths = reg.checkpoints[checkpoint_id].record.manifests.values()
             if not all(p in cache for p in paths):
                 return None

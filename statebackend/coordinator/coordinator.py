@@ -52,9 +52,15 @@ Layout
 from one part per concern: :mod:`~statebackend.coordinator.completion` (choosing attempts,
 writing records), :mod:`~statebackend.coordinator.garbage` (abort, sweeps, deletion of
 subsumed checkpoints), :mod:`~statebackend.coordinator.rebuild` (the registry from the
-records) and :mod:`~statebackend.coordinator.ownership` (the shared state, paths and the
-writer epoch). :mod:`~statebackend.coordinator.records` holds paths and result types;
-records are read through :mod:`statebackend.storage.records`.
+records) and :mod:`~statebackend.coordinator.ownership` (the state they share: the lock,
+the registry, paths). The state of one concern each is an object the coordinator holds:
+:class:`~statebackend.coordinator.writer.WriterRole` (whom it acts as: the writer epoch,
+its run and query, whether it may change the location),
+:class:`~statebackend.coordinator.published.PublishedManifests` (the manifests read, their
+digests, the latest checkpoint's listing) and
+:class:`~statebackend.coordinator.background.BackgroundCollection` (the GC thread).
+:mod:`~statebackend.coordinator.records` holds paths and result types; records are read
+through :mod:`statebackend.storage.records`.
 """
 
 
@@ -63,7 +69,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleStateError
 from ..model.manifest import (
@@ -73,8 +78,10 @@ from ..model.manifest import (
 )
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
+from .background import BackgroundCollection
 from .completion import _Completion
 from .garbage import _Garbage
+from .published import PublishedManifests
 from .rebuild import _Rebuild
 from .records import (
     PINS_DIR,
@@ -160,21 +167,13 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._registry = SharedStateRegistry(num_retained)
         self._watermark: int | None = None
         self._initial_swept = False  # the staged initial state, once per coordinator
-        # Published manifests read so far, by checkpoint id then path: the protected set
-        # is made from those of the latest checkpoint, so they are not read twice.
-        self._published: dict[int, dict[str, PartitionManifest]] = {}
-        self._digests: dict[str, str] = {}  # manifest path -> digest of the bytes read
-        # The listing of chk-<latest>/ taken when it completed: the protected set is made
-        # from it instead of listing again at every collection.
-        self._listings: dict[int, frozenset[str]] = {}
+        # published manifests read so far (and the listing of the latest checkpoint)
+        self._seen = PublishedManifests(store, self.operator_id)
         #: Requests of the last completion (listing, manifest reads, record), when the
         #: store counts them (None otherwise). Includes background GC running meanwhile.
         self.last_completion_requests: RequestCounts | None = None
-        self._pool: ThreadPoolExecutor | None = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gc-{operator_id}")
-            if background_gc else None)
-        self._gc_future: Future[GcReport] | None = None
-        self._gc_again = False
+        self._background = (BackgroundCollection(operator_id, self.collect_garbage)
+                            if background_gc else None)
         self.fencing = fencing
         self.own_retention = own_retention
         # whom it acts as (the writer epoch, its run and query): statebackend.coordinator.writer
@@ -296,10 +295,9 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
 
     def close(self) -> None:
         """Wait for background garbage collection and stop its thread."""
-        if self._pool is not None:
-            self.wait_for_gc()
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._background is not None:
+            self._background.close()
+            self._background = None
 
     def __enter__(self) -> CheckpointCoordinator:
         return self

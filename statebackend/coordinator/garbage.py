@@ -15,7 +15,7 @@ from ..model.manifest import (
     checkpoint_dir,
     manifests_by_partition,
 )
-from .ownership import _Owner, log
+from .ownership import _Owner
 from .records import PINS_DIR, WATERMARK_PATH, GcReport
 from .registry import referenced_paths
 
@@ -56,7 +56,7 @@ class _Garbage(_Owner):
                       and p not in protected]
             deleted = self._delete(p for p in doomed if p.endswith("/" + MANIFEST_NAME))
             deleted += self._delete(p for p in doomed if not p.endswith("/" + MANIFEST_NAME))
-            self._published.pop(checkpoint_id, None)
+            self._seen.forget(checkpoint_id)
             return deleted
 
     # --- garbage collection -------------------------------------------------------------
@@ -70,15 +70,12 @@ class _Garbage(_Owner):
         # of it published after its record was written is missing from it, but no task
         # restores from such an attempt (readers take the record's manifest once it
         # exists), so its files protect nothing; they are swept with the directory later.
-        listing = self._listings.get(latest)
-        if listing is None:  # after a rebuild: not listed since
-            listing = frozenset(self._list(checkpoint_dir(latest)))
-            self._listings[latest] = listing
+        listing = self._seen.listing(latest, lambda: self._list(checkpoint_dir(latest)))
         rels = sorted(r for rs in manifests_by_partition(listing).values() for r in rs)
-        self._read_published_many(latest, rels)
+        self._seen.read_many(latest, rels)
         for rel in rels:
-            self._read_published(latest, rel)
-        return referenced_paths(self._published.get(latest, {}).values())
+            self._seen.read(latest, rel)
+        return referenced_paths(self._seen.of(latest).values())
 
     def collect_garbage(self) -> GcReport:
         """Delete what no retained checkpoint and no in-flight checkpoint can reference.
@@ -170,39 +167,16 @@ class _Garbage(_Owner):
 
     def _after_change(self) -> None:
         """Collect garbage after a change, when this coordinator may (only the owner
-        deletes and applies retention: :meth:`_may_change`)."""
+        deletes and applies retention: :meth:`_may_change`): now, or on the background
+        thread."""
         if not self._may_change():
             return
-        if self._pool is None:
+        if self._background is None:
             self.collect_garbage()
-            return
-        with self._lock:
-            if self._gc_future is not None and not self._gc_future.done():
-                self._gc_again = True  # one more run after the current one, not one each
-                return
-            self._gc_future = self._pool.submit(self._background_gc)
-
-    def _background_gc(self) -> GcReport:
-        while True:
-            try:
-                report = self.collect_garbage()
-            except Exception:  # noqa: BLE001 - the next completion retries it
-                log.exception("background garbage collection of %s failed; it will be "
-                              "retried after the next completion", self.operator_id)
-                report = GcReport()
-            with self._lock:
-                if not self._gc_again:
-                    return report
-                self._gc_again = False
+        else:
+            self._background.request()
 
     def wait_for_gc(self) -> None:
         """Block until background garbage collection is idle (no-op without it)."""
-        while True:
-            with self._lock:
-                fut = self._gc_future
-            if fut is None:
-                return
-            fut.result()
-            with self._lock:
-                if self._gc_future is fut and fut.done():
-                    return
+        if self._background is not None:
+            self._background.wait()

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptStateError
-from ..model.manifest import PartitionManifest, WriterStamp
+from ..model.manifest import WriterStamp
 from ..storage.accounting import RequestCounts
 from ..storage.base import DurableStore
+from .background import BackgroundCollection
+from .published import PublishedManifests
 from .records import GcReport
 from .registry import SharedStateRegistry
 from .writer import WriterRole
@@ -41,12 +42,8 @@ class _Owner:
     _registry: SharedStateRegistry
     _watermark: int | None
     _initial_swept: bool
-    _published: dict[int, dict[str, PartitionManifest]]
-    _digests: dict[str, str]
-    _listings: dict[int, frozenset[str]]
-    _pool: ThreadPoolExecutor | None
-    _gc_future: Future[GcReport] | None
-    _gc_again: bool
+    _seen: PublishedManifests
+    _background: BackgroundCollection | None
     _writer: WriterRole
     _damaged: dict[int, CorruptStateError]
     _damage_logged: frozenset

@@ -100,9 +100,7 @@ class _Rebuild(_Owner):
             self._retain_for(self._writer.for_owner)
             self._report_damage()
             self._watermark = self._read_watermark()
-            self._published.clear()
-            self._digests.clear()
-            self._listings.clear()
+            self._seen.clear()
             self._recover_latest_record()
             reg = self._registry
         if records and collect:
