@@ -66,9 +66,10 @@ through :mod:`statebackend.storage.records`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..errors import CheckpointNotFoundError, CorruptStateError, IncompatibleStateError
 from ..model.manifest import (
@@ -183,9 +184,10 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._damage_logged: frozenset = frozenset()
         self._repairs_due = False  # found by a rebuild, left to the owner (_may_change)
         if rebuild:
-            with self._lock:
-                self._act_as_owner()  # the writer the records below were written under
-            self.rebuild()
+            with self.planning():
+                with self._lock:
+                    self._act_as_owner()  # the writer the records below were written under
+                self.rebuild()
     # --- restore points -----------------------------------------------------------------
 
     def latest(self) -> CompletedCheckpoint | None:
@@ -290,6 +292,20 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
             self.store.delete([self._abs(f"{PINS_DIR}/chk-{checkpoint_id}")])
             self._registry = self._registry.unpin(checkpoint_id)
         self._after_change()
+
+    @contextlib.contextmanager
+    def planning(self) -> Iterator[None]:
+        """While a query is planned (and while this coordinator is built): acting for no
+        run in particular, it completes what the owner's tasks published but deletes and
+        repairs nothing on a streaming query's location, which may be another query's
+        (:meth:`~statebackend.coordinator.writer.WriterRole.may_change`)."""
+        with self._lock:
+            before, self._writer.deferring = self._writer.deferring, True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writer.deferring = before
 
     # --- lifecycle ----------------------------------------------------------------------
 

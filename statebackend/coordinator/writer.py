@@ -53,6 +53,8 @@ class WriterRole:
     stamp: WriterStamp | None = None
     history: dict[str, int] = field(default_factory=dict)
     for_owner: bool = True
+    #: planning (or being built): no run in particular may change the location yet
+    deferring: bool = False
     _not_owner_logged: set[str] = field(default_factory=set)
 
     @property
@@ -127,15 +129,16 @@ class WriterRole:
 
     def may_change(self) -> bool:
         """Whether the coordinator may delete, apply retention and repair the location's
-        metadata now (invariant 10: only the owner does): when it acts for the owning run,
-        for a location no streaming query owns (a batch run's, or nobody's), without
-        fencing, or for an operator's explicit command (``own_retention``). Acting for no
-        run in particular on a streaming query's location (a restart's planning, which
-        cannot know yet whether it is that query or another one, a reader, a savepoint), it
-        only completes checkpoints the owner's tasks published (a restart starts from
-        them; the record is the one the owner's coordinator writes) and leaves the rest to
-        the owner's next completion."""
-        if not self.fencing or self.own_retention or self.for_owner:
+        metadata now (invariant 10: only the owner does): acting for the owning run, for a
+        location no streaming query owns (a batch run's, or nobody's), without fencing, or
+        for a call by hand (``backend.complete()``, a savepoint, ``statebackend gc``: the
+        newest writer's retention at least). While :attr:`deferring` (the coordinator
+        being built, a query being planned: which cannot know yet whether it is the
+        owner's restart or another query), for no run in particular on a streaming
+        query's location it only completes checkpoints the owner's tasks published (a
+        restart starts from them; the record is the one the owner's coordinator writes)
+        and leaves deletions and repairs to the owner's next completion."""
+        if not self.fencing or self.own_retention or self.for_owner or not self.deferring:
             return True
         return self.stamp is None or self.stamp.query_id is None
 

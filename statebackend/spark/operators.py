@@ -84,7 +84,8 @@ def build_config(driver: Driver, df: Any, keys: list[str], operator_id: str, sch
     opts = driver.options_for(spark)
     streaming = df.isStreaming
     coord = driver.coordinator(operator_id)
-    epoch, run_id = _take_over(coord, operator_id, opts, streaming)
+    with coord.planning():
+        epoch, run_id = _take_over(coord, operator_id, opts, streaming)
     parallelism = opts.parallelism
     assert parallelism is not None  # options_for always resolves it
     carrier = False
