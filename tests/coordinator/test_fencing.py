@@ -124,6 +124,12 @@ class Writer:
         """What the listener does when the run's micro-batch ``n`` ends."""
         return self.coord.try_complete(n, run_id=self.run)
 
+    def run_batches(self, ids: range) -> None:
+        """Micro-batches ``ids`` with :func:`rows` as input, each completed."""
+        for n in ids:
+            self.task(n, rows(n))
+            assert self.complete(n) is not None
+
     def task(self, n: int, rows: dict[bytes, bytes]) -> PartitionManifest:
         """Batch ``n`` of the one partition: restore n-1 as completed (or published), put
         ``rows``, checkpoint n."""
@@ -180,9 +186,7 @@ def rows(n: int) -> dict[bytes, bytes]:
 def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
         store: DurableStore, tmp_path: Path) -> None:
     a = Writer(store, tmp_path, "run-a")
-    for n in range(4):
-        a.task(n, rows(n))
-        assert a.complete(n) is not None
+    a.run_batches(range(4))
     # the same query started again elsewhere, while run a still runs (a zombie driver)
     b = Writer(store, tmp_path, "run-b")
     expected: dict[bytes, bytes] = {}
@@ -216,13 +220,9 @@ def test_two_writers_interleaving_on_batches_4_to_8_lose_nothing(
 def test_a_zombie_that_wakes_after_the_new_writer_completed_deletes_nothing(
         store: DurableStore, tmp_path: Path) -> None:
     a = Writer(store, tmp_path, "run-a")
-    for n in range(3):
-        a.task(n, rows(n))
-        a.complete(n)
+    a.run_batches(range(3))
     b = Writer(store, tmp_path, "run-b")
-    for n in range(3, 7):
-        b.task(n, rows(n))
-        b.complete(n)
+    b.run_batches(range(3, 7))
     files = all_files(store, OP)
     # run a wakes: its coordinator still believes checkpoint 2 is the latest, and its
     # retention would delete what run b's checkpoints reuse
@@ -244,14 +244,10 @@ def test_an_unbound_coordinator_follows_the_new_writer_and_rebuilds_first(
     # complete()) created before the takeover: it reads the records again, so its
     # retention never counts on a registry the other writer changed
     a = Writer(store, tmp_path, "run-a")
-    for n in range(2):
-        a.task(n, rows(n))
-        a.complete(n)
+    a.run_batches(range(2))
     planner = CheckpointCoordinator(store, OP, 1, 8, num_retained=1)
     b = Writer(store, tmp_path, "run-b")
-    for n in range(2, 5):
-        b.task(n, rows(n))
-        b.complete(n)
+    b.run_batches(range(2, 5))
     b.task(5, rows(5))
     assert planner.try_complete(5) is not None
     assert planner.latest().checkpoint_id == 5
@@ -355,9 +351,7 @@ def test_a_claim_never_reuses_an_epoch_the_records_name(store: DurableStore,
 def test_another_query_is_refused_and_changes_nothing_without_writer_files(
         store: DurableStore, tmp_path: Path) -> None:
     a = Writer(store, tmp_path, "run-a")  # keeps 2
-    for n in range(3):
-        a.task(n, rows(n))
-        a.complete(n)
+    a.run_batches(range(3))
     a.task(3, rows(3))  # published, its completion still to come
     store.delete([f"{OP}/_writers/epoch-{1:012d}.json"])
     files = all_files(store, OP)
@@ -398,9 +392,7 @@ def test_another_querys_coordinator_leaves_repairs_to_the_owner(
     from statebackend.model.manifest import LATEST_PATH, parse_latest
 
     a = Writer(store, tmp_path, "run-a")
-    for n in range(3):
-        a.task(n, rows(n))
-        a.complete(n)
+    a.run_batches(range(3))
     # what a rebuild repairs: a pin whose checkpoint is gone, a damaged LATEST.json
     store.put_bytes_atomic(f"{OP}/_pins/chk-0", b"")
     store.put_bytes_atomic(f"{OP}/{LATEST_PATH}", b"{not json")
