@@ -235,12 +235,9 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
         if m.mode != "changelog":
             continue
         for f in m.foreign_changelogs():
-            home = m.changelog_home(changelog_id(f.name))
-            wrote = "" if home is None else f"; its lineage wrote that batch in {home}"
             yield Problem(c.checkpoint_id, p, f.path,
-                          f"changelog: {f.path} was written by another partition than "
-                          f"{p}{wrote} (a changelog is replayed only onto its own "
-                          f"partition's state)")
+                          f"{m.misplaced(f)}: a changelog is replayed only onto its own "
+                          f"partition's state")
         covered = m.materialized_id
         if m.slices:  # rolling slices: the changelogs after the oldest unit
             from .checkpoint.slices import covering

@@ -254,11 +254,9 @@ class ChangelogUpload(CheckpointOperation):
         for f in manifest.foreign_changelogs():
             raise CheckpointError(
                 f"checkpoint {req.checkpoint_id} partition {t.partition}: its base "
-                f"{None if base is None else base.path} lists changelog {f.path}, where "
-                f"its lineage did not write that batch "
-                f"({manifest.changelog_home(changelog_id(f.name))}), so readers would "
-                f"refuse the checkpoint and nothing is published; restore from another "
-                f"retained checkpoint")
+                f"{None if base is None else base.path} lists a {manifest.misplaced(f)}, "
+                f"so readers would refuse the checkpoint and nothing is published; "
+                f"restore from another retained checkpoint")
         return manifest
 
     def _materialization_uploading(self, ref: MaterializationRef) -> bool:

@@ -236,10 +236,9 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     """
     for f in manifest.foreign_changelogs():
         raise CorruptStateError(
-            f"manifest {manifest.path} of partition {manifest.partition} lists changelog "
-            f"{f.path}, which another partition wrote{_expected(manifest, f)}: its "
-            f"entries are not this partition's state (the manifest was edited); restore "
-            f"from another retained checkpoint",
+            f"manifest {manifest.path} lists a {manifest.misplaced(f)}: its entries are "
+            f"not this partition's state (the manifest was edited); restore from another "
+            f"retained checkpoint",
             checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=f.path)
     if manifest.slices:
         return _replay_rolling(instance, store, manifest, local_dir)
@@ -256,12 +255,6 @@ def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
     finally:
         instance.changelog = recording
     return total
-
-
-def _expected(manifest: PartitionManifest, f: FileEntry) -> str:
-    """Where the lineage of ``manifest`` wrote changelog ``f``'s batch, for a message."""
-    home = manifest.changelog_home(changelog_id(f.name))
-    return "" if home is None else f" (its lineage wrote that batch in {home})"
 
 
 def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,

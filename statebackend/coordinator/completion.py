@@ -101,7 +101,7 @@ class _Completion(_Owner):
         # not one per partition; then the new manifests read in parallel.
         listing = frozenset(self._list(checkpoint_dir(checkpoint_id)))
         by_partition = manifests_by_partition(listing)
-        self._seen.read_many(checkpoint_id, sorted(
+        self._published.read_many(checkpoint_id, sorted(
             rel for rels in by_partition.values() for rel in rels))
         chosen: dict[int, PartitionManifest] = {}
         for p in range(self.parallelism):
@@ -124,16 +124,16 @@ class _Completion(_Owner):
             incremental_size=sum(m.incremental_size for m in ms),
             created_at_ms=int(self._clock() * 1000), committed=committed,
             manifest_digests={p: d for p, m in chosen.items()
-                              if (d := self._seen.digest(m.path)) is not None},
+                              if (d := self._published.digest(m.path)) is not None},
             placement=_one_placement(ms), **self._writer_fields())
         # The commit point: once the record is durable the checkpoint is complete, and
         # a crash from here on is finished by rebuild() from this record.
-        self._check_owner()
+        self._writer.check()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
             checkpoint_id, record.writer, self._writer.history if record.writer else None))
         self._registry = reg.register(RegisteredCheckpoint.of(record, ms))
-        self._seen.completed(checkpoint_id, listing)
+        self._published.completed(checkpoint_id, listing)
         counts1 = self.store.request_counts()
         if counts0 is not None and counts1 is not None:
             self.last_completion_requests = counts1 - counts0
@@ -179,7 +179,7 @@ class _Completion(_Owner):
         """Rewrite a record completed before Spark's commit was known as committed (under
         the lock; the checkpoint before it may be subsumed now: collect afterwards)."""
         record = replace(record, committed=True)
-        self._check_owner()
+        self._writer.check()
         self.store.put_bytes_atomic(self._abs(record.path), record.to_json().encode())
         self._registry = self._registry.mark_committed(record.checkpoint_id)
         return record
@@ -193,7 +193,7 @@ class _Completion(_Owner):
                 listing: frozenset[str]) -> PartitionManifest | None:
         valid = []
         for rel in sorted(rels):
-            m = self._seen.read(checkpoint_id, rel)
+            m = self._published.read(checkpoint_id, rel)
             if m is None:
                 continue
             if not self._check_compatible(m, partition):
@@ -234,8 +234,9 @@ class _Completion(_Owner):
         if not self._writer.of_another_query(m.writer_query):
             return False
         log.warning("attempt %s of checkpoint %d partition %d was published by query %s, "
-                    "not by the location's owner %s; treating it as failed", m.attempt,
-                    m.checkpoint_id, m.partition, m.writer_query, self._writer.stamp)
+                    "not by the location's owner, query %s; treating it as failed",
+                    m.attempt, m.checkpoint_id, m.partition, m.writer_query,
+                    self._writer.stamp.query_id if self._writer.stamp else None)
         return True
 
     def _missing_files(self, m: PartitionManifest, listing: frozenset[str]) -> list[str]:
@@ -256,7 +257,7 @@ class _Completion(_Owner):
             reg = self._registry
             if checkpoint_id not in reg.checkpoints:
                 return None
-            cache = self._seen.of(checkpoint_id)
+            cache = self._published.of(checkpoint_id)
             paths = reg.checkpoints[checkpoint_id].record.manifests.values()
             if not all(p in cache for p in paths):
                 return None

@@ -169,7 +169,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         self._watermark: int | None = None
         self._initial_swept = False  # the staged initial state, once per coordinator
         # published manifests read so far (and the listing of the latest checkpoint)
-        self._seen = PublishedManifests(store, self.operator_id)
+        self._published = PublishedManifests(store, self.operator_id)
         #: Requests of the last completion (listing, manifest reads, record), when the
         #: store counts them (None otherwise). Includes background GC running meanwhile.
         self.last_completion_requests: RequestCounts | None = None
@@ -182,7 +182,7 @@ class CheckpointCoordinator(_Completion, _Garbage, _Rebuild):
         # retained checkpoints found damaged by the last rebuild: id -> the error
         self._damaged: dict[int, CorruptStateError] = {}
         self._damage_logged: frozenset = frozenset()
-        self._repairs_due = False  # found by a rebuild, left to the owner (_may_change)
+        self._repairs_due = False  # found by a rebuild, left to the owner (WriterRole.may_change)
         if rebuild:
             with self.planning():
                 with self._lock:

@@ -56,7 +56,7 @@ class _Garbage(_Owner):
                       and p not in protected]
             deleted = self._delete(p for p in doomed if p.endswith("/" + MANIFEST_NAME))
             deleted += self._delete(p for p in doomed if not p.endswith("/" + MANIFEST_NAME))
-            self._seen.forget(checkpoint_id)
+            self._published.forget(checkpoint_id)
             return deleted
 
     # --- garbage collection -------------------------------------------------------------
@@ -70,12 +70,12 @@ class _Garbage(_Owner):
         # of it published after its record was written is missing from it, but no task
         # restores from such an attempt (readers take the record's manifest once it
         # exists), so its files protect nothing; they are swept with the directory later.
-        listing = self._seen.listing(latest, lambda: self._list(checkpoint_dir(latest)))
+        listing = self._published.listing(latest, lambda: self._list(checkpoint_dir(latest)))
         rels = sorted(r for rs in manifests_by_partition(listing).values() for r in rs)
-        self._seen.read_many(latest, rels)
+        self._published.read_many(latest, rels)
         for rel in rels:
-            self._seen.read(latest, rel)
-        return referenced_paths(self._seen.of(latest).values())
+            self._published.read(latest, rel)
+        return referenced_paths(self._published.of(latest).values())
 
     def collect_garbage(self) -> GcReport:
         """Delete what no retained checkpoint and no in-flight checkpoint can reference.
@@ -167,9 +167,9 @@ class _Garbage(_Owner):
 
     def _after_change(self) -> None:
         """Collect garbage after a change, when this coordinator may (only the owner
-        deletes and applies retention: :meth:`_may_change`): now, or on the background
+        deletes and applies retention: :meth:`~statebackend.coordinator.writer.WriterRole.may_change`): now, or on the background
         thread."""
-        if not self._may_change():
+        if not self._writer.may_change():
             return
         if self._background is None:
             self.collect_garbage()

@@ -42,7 +42,7 @@ class _Owner:
     _registry: SharedStateRegistry
     _watermark: int | None
     _initial_swept: bool
-    _seen: PublishedManifests
+    _published: PublishedManifests
     _background: BackgroundCollection | None
     _writer: WriterRole
     _damaged: dict[int, CorruptStateError]
@@ -67,14 +67,11 @@ class _Owner:
     def _delete(self, rels: Iterable[str]) -> list[str]:
         rels = sorted(set(rels))
         if rels:
-            self._check_owner()
+            self._writer.check()
             self.store.delete([self._abs(r) for r in rels])
         return rels
 
     # --- fencing ------------------------------------------------------------------------
-
-    def _check_owner(self) -> None:
-        self._writer.check()
 
     def _act_as_owner(self, run_id: str | None = None) -> bool:
         """Resolve the writer to act as (under the lock), before a completion or a
@@ -103,14 +100,10 @@ class _Owner:
         self._repair_if_due()
         return True
 
-    def _may_change(self) -> bool:
-        """See :meth:`WriterRole.may_change`."""
-        return self._writer.may_change()
-
     def _repair_if_due(self) -> None:
         """Make the repairs a rebuild found and left to the owner (stale pins, a damaged
         ``LATEST.json``), now that this coordinator may (under the lock)."""
-        if self._repairs_due and self._may_change():
+        if self._repairs_due and self._writer.may_change():
             self._repairs_due = False
             self.rebuild(collect=False)
 

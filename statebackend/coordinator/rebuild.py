@@ -100,7 +100,7 @@ class _Rebuild(_Owner):
             self._retain_for(self._writer.for_owner)
             self._report_damage()
             self._watermark = self._read_watermark()
-            self._seen.clear()
+            self._published.clear()
             self._recover_latest_record()
             reg = self._registry
         if records and collect:
@@ -114,7 +114,7 @@ class _Rebuild(_Owner):
             m = _PIN_NAME.match(rel.rsplit("/", 1)[-1])
             if m and int(m.group(1)) in records:
                 pins.add(int(m.group(1)))
-            elif self._may_change():
+            elif self._writer.may_change():
                 self._delete([rel])  # stale: its checkpoint is gone
             else:
                 self._repairs_due = True  # the owner deletes it
@@ -171,8 +171,8 @@ class _Rebuild(_Owner):
 
     def _rewrite_pointer(self) -> str:
         """Write ``LATEST.json`` again from the newest record, when this coordinator may
-        (:meth:`_may_change`; else the owner's next completion does); says which."""
-        if not self._may_change():
+        (:meth:`~statebackend.coordinator.writer.WriterRole.may_change`; else the owner's next completion does); says which."""
+        if not self._writer.may_change():
             self._repairs_due = True
             return "the owner's next completion writes it again"
         latest = self._registry.latest_id
@@ -180,7 +180,7 @@ class _Rebuild(_Owner):
             self._delete([LATEST_PATH])
             return "deleted it"
         rec = self._registry.checkpoints[latest].record
-        self._check_owner()
+        self._writer.check()
         self.store.put_bytes_atomic(self._abs(LATEST_PATH), latest_pointer(
             latest, rec.writer, self._writer.history if rec.writer else None))
         return "wrote it again"

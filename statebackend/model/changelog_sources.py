@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 __all__ = ["ChangelogSource", "changelog_home", "changelog_id", "changelog_name",
            "checked_sources", "derived_sources", "extended_sources", "foreign",
-           "foreign_legacy", "is_changelog_name", "live_sources"]
+           "foreign_legacy", "is_changelog_name", "live_sources", "misplaced"]
 
 _CHANGELOG_NAME = re.compile(r"^changelog-(\d{12})\.sbcl$")
 _CHANGELOG_DIR = re.compile(r"^chk-(\d+)/p(\d+)/[^/]+/[^/]+$")
@@ -96,6 +96,15 @@ def changelog_home(sources: Sources, own: int, batch: int) -> str:
     """The directory (``chk-<batch>/p<q>/``) the changelog of ``batch`` of partition
     ``own``'s lineage was written in, by ``sources``."""
     return f"chk-{batch}/p{_home_partition(sources, own, batch)}/"
+
+
+def misplaced(f: _Entry, own: int, sources: Sources | None) -> str:
+    """What is wrong with changelog ``f`` of partition ``own``'s lineage, which
+    :func:`foreign` (or :func:`foreign_legacy`, ``sources`` None) returned: for the
+    messages of the restore, the writer and ``verify``."""
+    wrote = "" if sources is None else \
+        f" (its lineage wrote that batch in {changelog_home(sources, own, changelog_id(f.name))})"
+    return f"changelog {f.path} was written by another partition than {own}{wrote}"
 
 
 def _directory(path: str) -> tuple[int, int] | None:

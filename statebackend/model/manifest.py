@@ -43,6 +43,7 @@ from .changelog_sources import (  # noqa: F401 - re-exported: the names belong t
     is_changelog_name,
 )
 from .changelog_sources import changelog_home as _changelog_home
+from .changelog_sources import misplaced as _misplaced
 from .latest import (  # noqa: F401 - re-exported: the pointer lives beside the records
     LATEST_PATH,
     LatestPointer,
@@ -364,6 +365,10 @@ class PartitionManifest:
         if self.changelog_sources is None:
             return None
         return _changelog_home(self.changelog_sources, self.partition, batch)
+
+    def misplaced(self, f: FileEntry) -> str:
+        """What is wrong with ``f``, one of :meth:`foreign_changelogs` (for messages)."""
+        return _misplaced(f, self.partition, self.changelog_sources)
 
     def shared_files(self) -> dict[str, FileEntry]:
         """SST name -> entry, for the next checkpoint's reuse decisions."""

@@ -117,18 +117,18 @@ class _SessionListener(StreamingQueryListener):
         run that never owned a location completes nothing in it."""
         with self._lock:
             backends = list(self._backends.values())
-            seen = (self._seen.setdefault(run_id, set()) if observed is not None
-                    else self._seen.pop(run_id, set()))
+            if observed is None:
+                targets = self._seen.pop(run_id, set())
+        if observed is not None:
+            targets = {(b.checkpoint_location, op) for b in backends
+                       for op in b.operator_ids()
+                       if observation_name(b.checkpoint_location, op) in observed}
+            with self._lock:
+                self._seen.setdefault(run_id, set()).update(targets)
         for backend in backends:
             try:
                 for op in backend.operator_ids():
-                    where = (backend.checkpoint_location, op)
-                    if observed is None:
-                        if where in seen:
-                            backend.complete(op, run_id=run_id)
-                    elif observation_name(*where) in observed:
-                        with self._lock:
-                            seen.add(where)
+                    if (backend.checkpoint_location, op) in targets:
                         backend.complete(op, up_to=up_to, run_id=run_id)
             except WriterFencedError as exc:  # the query's own tasks fail on it too
                 log.error("statebackend: %s", exc)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoint.checkpointer import PartitionCheckpointer
-from ..checkpoint.fencing import claim
+from ..checkpoint.fencing import WriterEpoch, claim
 from ..checkpoint.publish import ManifestFacts
 from ..errors import IncompatibleStateError
 from ..local.disk import WORK_DIR
@@ -56,7 +56,7 @@ from .context import OperatorConfig, kg_range_of, local_root, run_identity
 
 _STORES: dict[tuple, Any] = {}
 # (location, operator, run id) -> the writer epoch this process's tasks of that run hold
-_EPOCHS: dict[tuple[str, str, str], int] = {}
+_WRITERS: dict[tuple[str, str, str], WriterEpoch] = {}
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ class PartitionState:
             local_root(config.options), open_instance=open_instance,
             working_dir_name=working_dir_name)
         # taken before the restore: another query is refused before anything is touched
-        self.checkpointer.writer_epoch = writer_epoch(config, self.store)
+        self.writer = task_writer(config, self.store)
+        self.checkpointer.writer_epoch = None if self.writer is None else self.writer.epoch
         self.restored: Restored | None = None
         self._counts0 = self.root.request_counts()
 
@@ -333,11 +334,12 @@ def root_store(config: OperatorConfig):
     return store
 
 
-def writer_epoch(config: OperatorConfig, store) -> int | None:
-    """The writer epoch this task's run holds on the operator's location, taken by the
-    run's first task in this process (:func:`~statebackend.checkpoint.fencing.claim`: a
-    listing and a few small reads, once per run and process); None without fencing.
-    Publication then proves it still owns the location (one HEAD per checkpoint).
+def task_writer(config: OperatorConfig, store) -> WriterEpoch | None:
+    """The writer epoch this task's run holds on the operator's location (with the query
+    it runs for), taken by the run's first task in this process
+    (:func:`~statebackend.checkpoint.fencing.claim`: a listing and a few small reads, once
+    per run and process); None without fencing. Publication then proves it still owns the
+    location (one HEAD per checkpoint).
 
     Raises
     ------
@@ -350,10 +352,10 @@ def writer_epoch(config: OperatorConfig, store) -> int | None:
         return None
     query_id, run_id = run_identity(config)
     key = (config.checkpoint_location, config.operator_id, run_id)
-    epoch = _EPOCHS.get(key)
-    if epoch is None:
-        epoch = _EPOCHS[key] = claim(store, query_id, run_id).epoch
-    return epoch
+    writer = _WRITERS.get(key)
+    if writer is None:
+        writer = _WRITERS[key] = claim(store, query_id, run_id)
+    return writer
 
 
 def resolve_base(store, partition: int, checkpoint_id: int,

@@ -34,7 +34,6 @@ from .context import (
     decode_key,
     group_by_key,
     kg_range_of,
-    run_identity,
     task_identity,
 )
 from .executor import current_executor_id
@@ -47,13 +46,13 @@ from .partition_state import (
     last_batch_that_ran,
     resolve_base,
     root_store,
-    writer_epoch,
+    task_writer,
 )
 from .watermark import EventTime, apply_watermark, check_emitted, max_opt
 
 __all__ = ["check_continuity", "concat_frames", "last_batch_that_ran", "make_task",
            "resolve_base", "root_store", "run_partition", "task_input", "user_frames",
-           "writer_epoch"]
+           "task_writer"]
 
 log = logging.getLogger("statebackend.runner")
 
@@ -102,7 +101,7 @@ def run_partition(config: OperatorConfig, batches: Iterator[pd.DataFrame],
             # the next batch drops input at or before this watermark (Spark's rule)
             watermark_ms=None if config.watermark is None else event.watermark_ms,
             placement=config.plan_name,
-            writer_query=run_identity(config)[0] if config.options.fencing else None)
+            writer_query=None if state.writer is None else state.writer.query_id)
         published = state.commit(checkpoint_id, attempt, states, metrics.to_dict(), facts)
     finally:
         state.release(published)

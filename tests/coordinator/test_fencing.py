@@ -271,13 +271,13 @@ def test_another_query_is_refused_before_it_writes_and_the_owner_runs_on(
 
 def test_fencing_off_never_claims_checks_or_stamps(store: DurableStore, tmp_path: Path) -> None:
     from statebackend.task.context import OperatorConfig
-    from statebackend.task.runner import writer_epoch
+    from statebackend.task.runner import task_writer
 
     ostore = store.child(OP)
     config = OperatorConfig(operator_id=OP, checkpoint_location=store.root,
                             storage_options={}, parallelism=1, key=None,  # type: ignore[arg-type]
                             options=StateBackendOptions(fencing=False), run_id="run-z")
-    assert writer_epoch(config, ostore) is None
+    assert task_writer(config, ostore) is None
     assert list_epochs(ostore) == []
     # a coordinator without fencing completes and collects whatever epochs exist
     claim(ostore, QUERY, "run-a")
