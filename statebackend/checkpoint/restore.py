@@ -300,8 +300,14 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         # every unit's files at once (the store's parallel transfers) and in place first;
         # the changelogs then only touch the key groups whose unit is older than them
         total = download_files(store, manifest, [x for _u, xs in local for x in xs])
-        sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
-                        clear=origin.materialized_id is not None)
+        try:
+            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
+                            clear=origin.materialized_id is not None)
+            sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
+        except CorruptStateError as exc:
+            exc.checkpoint_id, exc.partition, exc.path = (
+                manifest.checkpoint_id, manifest.partition, manifest.path)
+            raise
         total += _replay_chain(
             store, manifest, local_dir, cover.start, origin.checkpoint_id,
             lambda data, n, path: sl.replay_filtered(instance, data, n, cover, units, path))

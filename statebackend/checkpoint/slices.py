@@ -198,10 +198,8 @@ def ingest_unit(instance: RocksDBInstance, unit: SliceRef, paths: Sequence[str])
     """Replace ``unit``'s part of the state by its files (``paths``, in file order); the
     files are moved into the instance."""
     _clear(instance, unit)
-    opts = IngestExternalFileOptions()
-    opts.set_move_files(True)
     for cf, path in zip(unit.column_families, paths):
-        instance.column_family(cf).ingest_external_file([path], opts)
+        _ingest_checked(instance, cf, [path], [unit])
 
 
 def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequence[str]]],
@@ -219,14 +217,62 @@ def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequ
     if clear:
         for u, _p in units:
             _clear(instance, u)
-    by_cf: dict[str, list[str]] = {}
+    by_cf: dict[str, tuple[list[str], list[SliceRef]]] = {}
     for u, paths in units:
         for cf, path in zip(u.column_families, paths):
-            by_cf.setdefault(cf, []).append(path)
+            files, owners = by_cf.setdefault(cf, ([], []))
+            files.append(path)
+            owners.append(u)
+    for cf, (files, owners) in by_cf.items():
+        _ingest_checked(instance, cf, files, owners)
+
+
+def _ingest_checked(instance: RocksDBInstance, cf: str, paths: Sequence[str],
+                    units: Sequence[SliceRef]) -> None:
+    """Ingest ``paths`` (moved) into ``cf``; refused when one of them holds a key outside
+    the key groups of its unit (``units[i]`` for ``paths[i]``): a unit's file that is
+    another partition's or another slice's, intact and with its checksum right, would
+    otherwise restore a different state. RocksDB checks a snapshot's files against the
+    unique ids its MANIFEST records; an ingested file has no such record."""
+    before = {f["name"] for f in instance.live_files()}
+    sizes: dict[int, list[SliceRef]] = {}
+    for p, u in zip(paths, units):
+        sizes.setdefault(os.path.getsize(p), []).append(u)
     opts = IngestExternalFileOptions()
     opts.set_move_files(True)
-    for cf, paths in by_cf.items():
-        instance.column_family(cf).ingest_external_file(paths, opts)
+    instance.column_family(cf).ingest_external_file(list(paths), opts)
+    if cf in GLOBAL_COLUMN_FAMILIES:
+        return
+    for f in instance.live_files():
+        owners = [] if f["name"] in before else sizes.get(int(f["size"]), [])
+        # a file already compacted with others is not seen here; check_range still sees
+        # a key of another partition
+        if owners and not any(_prefix(u.first_kg) <= f["start_key"]
+                              and f["end_key"] < _end(u.last_kg) for u in owners):
+            raise _foreign(cf, f["start_key"], f["end_key"], owners[0])
+
+
+def check_range(instance: RocksDBInstance, key_group_range: tuple[int, int]) -> None:
+    """Refuse a state holding a key outside ``key_group_range`` in a column family keyed
+    by key group (after units are ingested: one of them was another partition's file)."""
+    lo, hi = _prefix(key_group_range[0]), _end(key_group_range[1])
+    for cf in instance.column_family_names():
+        if cf in GLOBAL_COLUMN_FAMILIES:
+            continue
+        for start, end in ((b"", lo), (hi, None)):
+            for k, _v in instance.scan_range(cf, start, end):
+                raise _foreign(cf, k, k, None, key_group_range)
+
+
+def _foreign(cf: str, lo: bytes, hi: bytes, unit: SliceRef | None,
+             key_group_range: tuple[int, int] | None = None) -> CorruptStateError:
+    whose = (f"its unit's key groups {unit.first_kg}..{unit.last_kg} (batch "
+             f"{unit.checkpoint_id})" if unit is not None
+             else f"the partition's key groups {key_group_range[0]}..{key_group_range[1]}")
+    return CorruptStateError(
+        f"a slice file of column family {cf!r} holds keys of key groups "
+        f"{_kg_of(lo)}..{_kg_of(hi)}, outside {whose}: it is another partition's or "
+        f"another slice's file; the committed state cannot be restored from it")
 
 
 def _kg_of(key: bytes) -> int:

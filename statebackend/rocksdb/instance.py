@@ -101,6 +101,12 @@ class RocksDBInstance:
         self._check_open()
         return self._db
 
+    def live_files(self) -> list[dict]:
+        """RocksDB's live SST files: ``name``, ``size``, ``level``, ``start_key``,
+        ``end_key`` (raw bytes), ``num_entries``, ``num_deletions``."""
+        self._check_open()
+        return self._db.live_files()
+
     def column_family_names(self) -> list[str]:
         return list(self._cfs)
 
