@@ -252,6 +252,12 @@ def changelogs_continuous(ctx: VerifyContext, c: LoadedCheckpoint) -> Iterator[P
                               f"changelog: batch {got} {what} batch {covered} (replay needs "
                               f"{covered + 1})")
             covered = got
+        if m.slices and covered is not None:  # and the pieces of later changelogs
+            from .checkpoint.deltas import delta_problems
+
+            covered, probs = delta_problems(m, covered, c.checkpoint_id)
+            for path, what in probs:
+                yield Problem(c.checkpoint_id, p, path, what)
         if covered != c.checkpoint_id:
             yield Problem(c.checkpoint_id, p, m.path,
                           f"changelog: the state ends at batch {covered}, not at checkpoint "

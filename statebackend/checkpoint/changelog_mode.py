@@ -32,7 +32,7 @@ from ..model.manifest import (
     check_relative,
 )
 from ..rocksdb.instance import RocksDBInstance
-from . import slices
+from . import deltas, slices
 from .changelog import ChangelogWriter
 from .materialize import (
     MIN_CHANGELOG_BYTES,
@@ -81,6 +81,14 @@ class ChangelogStrategy(CheckpointStrategy):
                 f"changelog mode needs the instance's writes recorded since its restore, "
                 f"and none were; restore it with this checkpointer (or call "
                 f"start_recording before writing)")
+        o = self.target.options
+        if request.base is None and o.rolling_slices is None and slices.rolling_on(o) and (
+                rec.raw_bytes < o.auto_changelog_size
+                or slices.slice_count(None, request.key_group_range, (), 1, ()) == 0):
+            # a first batch under auto (mode_for): only a large load is written as
+            # slices; the others checkpoint incrementally, as auto does below the line
+            from .incremental import IncrementalStrategy
+            return IncrementalStrategy(self.target).sync_part(instance, request)
         op = ChangelogUpload(self.target, instance, request, rec)
         try:
             op.prepare()
@@ -122,7 +130,7 @@ class ChangelogUpload(CheckpointOperation):
                                            t.options.materialize_interval,
                                            self._materialization_uploading)
         o = t.options
-        if o.rolling_slices > 0:
+        if slices.rolling_on(o) and self._slice_count(lineage) > 0:
             self._write_units(lineage)
             self.lineage = lineage
             self.sync_s = time.perf_counter() - self.t0
@@ -138,10 +146,23 @@ class ChangelogUpload(CheckpointOperation):
         self.lineage = lineage
         self.sync_s = time.perf_counter() - self.t0
 
+    def _slice_count(self, lineage: Lineage) -> int:
+        """This batch's number of slices (:func:`~.slices.slice_count`), 0: none."""
+        units = sum(f.size for f in lineage.slice_files if not f.name.startswith("delta-"))
+        held = lineage.materialized_size + units
+        sizes = [c.size for c in lineage.changelogs]
+        if 0 < self.stats.records and self.stats.size < held:
+            sizes.append(self.stats.size)  # a batch's rate (not a load, not idle)
+        self.slice_n = slices.slice_count(self.target.options.rolling_slices,
+                                          self.request.key_group_range, lineage.slices,
+                                          held, sizes)
+        return self.slice_n
+
     def _write_units(self, lineage: Lineage) -> None:
         """Rolling slices: write the batch's due slice (all of them when the batch wrote at
-        least the state it started from: a load) and the global unit, while nothing
-        writes the instance."""
+        least the state it started from: a load; none when it changed nothing) and the
+        global unit, and cut its changelog into pieces by key-group range (:mod:`.deltas`),
+        while nothing writes the instance."""
         t, req, n = self.target, self.request, self.request.checkpoint_id
         held = lineage.materialized_size + lineage.changelog_size + lineage.slices_size
         base = req.base
@@ -151,11 +172,23 @@ class ChangelogUpload(CheckpointOperation):
                                          base.key_group_end) != req.key_group_range
         rewrite_all = rescaled or not lineage.slices and lineage.materialization is None or (
             self.stats.size >= MIN_CHANGELOG_BYTES and self.stats.size >= held)
-        ranges = slices.due_ranges(req.key_group_range, t.options.rolling_slices, n,
-                                   rewrite_all)
         os.makedirs(t.local.partition_dir, exist_ok=True)
         self.unit_dir = tempfile.mkdtemp(prefix=f".units-{n}-", dir=t.local.partition_dir)
-        self.units = slices.write_units(self.instance, ranges, n, self.unit_dir)
+        if not rewrite_all and self.stats.records:
+            cover = slices.covering(req.key_group_range, lineage.slices,
+                                    lineage.materialized_id)
+            ranges = slices.due_ranges(req.key_group_range, self.slice_n, cover.versions,
+                                       False)
+            self.units = slices.write_units(self.instance, ranges, n, self.unit_dir,
+                                            self.slice_n)
+        elif rewrite_all:
+            self.units = slices.write_units(self.instance, slices.slice_ranges(
+                req.key_group_range, self.slice_n), n, self.unit_dir, self.slice_n)
+            return  # every key group's unit is this batch's: no changelog needed
+        # nothing changed: nothing to rewrite, the oldest slice waits; one empty piece
+        self.units += deltas.split_changelog(self.local_log, req.key_group_range,
+                                             -1 if base is None else base.checkpoint_id, n,
+                                             self.unit_dir)
 
     def _rolled(self) -> tuple[Lineage, tuple[SliceRef, ...], bool]:
         """The lineage after this batch's units: units merged and pruned, the base and the
@@ -176,14 +209,17 @@ class ChangelogUpload(CheckpointOperation):
             lineage.pending, kept,
             tuple(f for f in lineage.slice_files if f.name in old_names),
             lineage.changelog_sources)
-        return rolled, kept, cover.start < n
+        # the batch's changelog travels as pieces (deltas) when it wrote them
+        return rolled, kept, cover.start < n and not any(u.is_delta for u, _p in self.units)
 
     def run(self) -> tuple[PartitionManifest, CheckpointMetrics]:
         t, req = self.target, self.request
         try:
             t1 = time.perf_counter()
             if self.units or self.unit_dir is not None:
-                self.lineage, _kept, own_needed = self._rolled()
+                self.lineage, kept, own_needed = self._rolled()
+                # a piece no key group needs (its range was all rewritten by this batch)
+                self.units = [(u, p) for u, p in self.units if not u.is_delta or u in kept]
                 own, unit_entries = self._upload_changelog_and_units(own_needed)
                 self.lineage = replace(self.lineage,
                                        slice_files=self.lineage.slice_files + unit_entries)

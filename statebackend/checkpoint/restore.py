@@ -283,38 +283,62 @@ def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: s
 def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
                     manifest: PartitionManifest, local_dir: str | None) -> int:
     """:func:`replay_changelogs` of a manifest with rolling slices
-    (:mod:`~statebackend.checkpoint.slices`): its units in place, then its changelogs
-    where a key group's unit is older than them."""
+    (:mod:`~statebackend.checkpoint.slices`): its units in place, then its whole changelogs
+    and the pieces of later ones (:mod:`~statebackend.checkpoint.deltas`) where a key
+    group's unit is older than them."""
+    from . import deltas as dl
     from . import slices as sl
 
     recording, instance.changelog = instance.changelog, None
     origin = carried_origin(manifest) or manifest
     cover = sl.covering((manifest.key_group_start, manifest.key_group_end), manifest.slices,
                         origin.materialized_id)
-    units = sorted((u for u in manifest.slices if u.checkpoint_id > (
-        -1 if origin.materialized_id is None else origin.materialized_id)),
-        key=lambda u: (u.checkpoint_id, u.first_kg))
+    floor = -1 if origin.materialized_id is None else origin.materialized_id
+    units = sorted((u for u in manifest.slices if u.checkpoint_id > floor
+                    and not u.is_delta), key=lambda u: (u.checkpoint_id, u.first_kg))
+    whole_end = max([cover.start] + [changelog_id(f.name) for f in manifest.changelog_files])
+    _reached, problems = dl.delta_problems(manifest, whole_end, origin.checkpoint_id)
+    where = (manifest.checkpoint_id, manifest.partition)
+    if problems:
+        path, what = problems[0]
+        raise CorruptStateError(f"checkpoint {where[0]} partition {where[1]} "
+                                f"({manifest.path}): {what}; the committed state cannot be "
+                                f"restored", checkpoint_id=where[0], partition=where[1],
+                                path=path)
+    pieces = [d for d in manifest.slices if d.is_delta]
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
-    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
+    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in [*units, *pieces]]
     try:
-        # every unit's files at once (the store's parallel transfers) and in place first;
-        # the changelogs then only touch the key groups whose unit is older than them
+        # every unit's and piece's files at once (the store's parallel transfers), the
+        # units in place first; the changelogs then only touch the key groups whose unit
+        # is older than them
         total = download_files(store, manifest, [x for _u, xs in local for x in xs])
         try:
-            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
-                            clear=origin.materialized_id is not None)
+            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local
+                                       if not u.is_delta], clear=floor >= 0)
             sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
         except CorruptStateError as exc:
-            exc.checkpoint_id, exc.partition, exc.path = (
-                manifest.checkpoint_id, manifest.partition, manifest.path)
+            exc.checkpoint_id, exc.partition, exc.path = (*where, manifest.path)
             raise
         total += _replay_chain(
-            store, manifest, local_dir, cover.start, origin.checkpoint_id,
+            store, manifest, local_dir, cover.start,
+            whole_end if pieces else origin.checkpoint_id,
             lambda data, n, path: sl.replay_filtered(instance, data, n, cover, units, path))
+        try:
+            dl.replay_deltas(instance, [(d, xs[0][1]) for d, xs in local if d.is_delta],
+                             cover, units, _read_local)
+        except CorruptStateError as exc:
+            exc.checkpoint_id, exc.partition = where
+            raise
     finally:
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
     return total
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def open_checkpoint(store: DurableStore, manifest: PartitionManifest, target_dir: str,

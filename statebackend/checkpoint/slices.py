@@ -39,12 +39,22 @@ from rocksdict import IngestExternalFileOptions, Options, SstFileWriter
 
 from ..errors import CorruptStateError
 from ..model.manifest import FileEntry, PartitionManifest, SliceRef
+from ..options import StateBackendOptions
 from ..rocksdb.instance import DEFAULT_CF, RocksDBInstance
 from .changelog import OP_CREATE_CF, OP_DELETE_RANGE, OP_DROP_CF, OP_WRITE, read_records
 
 GLOBAL_COLUMN_FAMILIES = frozenset({DEFAULT_CF, "_meta"})
 """Column families whose keys do not start with a key group: written whole by every
 batch's global unit."""
+
+
+def rolling_on(options: StateBackendOptions) -> bool:
+    """Whether changelog-mode partitions checkpoint rolling slices: ``rolling_slices``
+    above 0, or None under ``checkpoint_mode="auto"`` (the count then derived per
+    partition, :func:`slice_count`)."""
+    if options.rolling_slices is None:
+        return options.checkpoint_mode == "auto" and options.incremental
+    return options.rolling_slices > 0
 
 
 def slice_ranges(key_group_range: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -55,12 +65,64 @@ def slice_ranges(key_group_range: tuple[int, int], n: int) -> list[tuple[int, in
     return [(a + i * count // n, a + (i + 1) * count // n - 1) for i in range(n)]
 
 
-def due_ranges(key_group_range: tuple[int, int], n: int, checkpoint_id: int,
+def due_ranges(key_group_range: tuple[int, int], n: int, versions: dict[int, int],
                rewrite_all: bool) -> list[tuple[int, int]]:
-    """The slices batch ``checkpoint_id`` rewrites: one in turn, or all of them (the same
-    answer on every attempt of the batch)."""
+    """The slices a batch rewrites: all of them, or the one whose unit is oldest
+    (``versions``: key group -> batch of the unit holding it, :attr:`Coverage.versions`;
+    ties go to the first), so a batch that rewrote none (it changed nothing) delays no
+    slice's turn. The same answer on every attempt of the batch."""
     ranges = slice_ranges(key_group_range, n)
-    return ranges if rewrite_all else [ranges[checkpoint_id % len(ranges)]]
+    if rewrite_all:
+        return ranges
+    return [min(ranges, key=lambda r: min(versions.get(kg, -1)
+                                          for kg in range(r[0], r[1] + 1)))]
+
+
+AUTO_SLICES = 32
+"""``rolling_slices=None``: the count a partition starts with (no changelog sizes yet)."""
+AUTO_RATE_SHARE = 0.55
+"""``rolling_slices=None``: ``N x churn`` aimed at. Each batch writes ``1/N`` of the state
+besides its changelog, so ``1 + 1/0.55 = 2.8`` times the changed bytes; the changelog
+pieces kept (:mod:`.deltas`) are ``~N x churn / 2 = 0.28`` of the state."""
+MIN_AUTO_SLICES = 4
+KEEP_COUNT_WITHIN = 1.5
+"""A derived count is kept while the ideal one is within this factor of it."""
+
+
+def slice_count(requested: int | None, key_group_range: tuple[int, int],
+                units: Sequence[SliceRef], state_size: int,
+                changelog_sizes: Sequence[int]) -> int:
+    """How many slices a rolling partition is cut into this batch.
+
+    ``requested`` (``rolling_slices``) when set. None: derived from durable facts, the
+    lineage's ``units``, the bytes its units and base hold (``state_size``) and the sizes
+    of its changelogs (this batch's included): ``0.55 x state / mean changelog``, between 4
+    and the partition's key groups, so what a batch writes stays near 2.8x what it changed
+    and the pieces kept near 28% of the state whatever the churn (docs/options.md,
+    "Rolling slices"). The current count (the newest unit's :attr:`SliceRef.of`) is kept while that is
+    within a factor of 1.5 of it, so the cut does not move with every change of rate.
+    Without changelog sizes: the current count, else 32. 0 (whole materializations) for
+    a partition of fewer than 4 key groups.
+    """
+    kgs = key_group_range[1] - key_group_range[0] + 1
+    if requested is not None:
+        return requested
+    if kgs < MIN_AUTO_SLICES:
+        return 0  # a slice of one key group in four or fewer is most of the partition
+    keyed = [u for u in units if not u.is_global and not u.is_delta]
+    current = None
+    if keyed:
+        newest = max(keyed, key=lambda u: u.checkpoint_id)
+        current = newest.of or max(1, round(kgs / (newest.last_kg - newest.first_kg + 1)))
+    sizes = [c for c in changelog_sizes if c > 0]
+    if not sizes or state_size <= 0:
+        return current or min(AUTO_SLICES, kgs)
+    ideal = AUTO_RATE_SHARE * state_size / (sum(sizes) / len(sizes))
+    n = max(MIN_AUTO_SLICES, min(round(ideal), kgs))
+    if current is not None and current / KEEP_COUNT_WITHIN <= ideal <= (
+            current * KEEP_COUNT_WITHIN):
+        return current
+    return n
 
 
 def _prefix(kg: int) -> bytes:
@@ -96,13 +158,14 @@ class Coverage:
 
 def covering(key_group_range: tuple[int, int], slices: Sequence[SliceRef],
              base_id: int | None) -> Coverage:
-    """The :class:`Coverage` of ``slices`` over a base of batch ``base_id`` (None: empty)."""
+    """The :class:`Coverage` of the units in ``slices`` (deltas ignored) over a base of
+    batch ``base_id`` (None: empty)."""
     floor = -1 if base_id is None else base_id
     a, b = key_group_range
     versions = dict.fromkeys(range(a, b + 1), floor)
     global_version = floor
     for s in slices:
-        if s.checkpoint_id <= floor:
+        if s.checkpoint_id <= floor or s.is_delta:
             continue
         if s.is_global:
             global_version = max(global_version, s.checkpoint_id)
@@ -116,18 +179,25 @@ def covering(key_group_range: tuple[int, int], slices: Sequence[SliceRef],
 
 def merge_slices(old: Sequence[SliceRef], new: Sequence[SliceRef]) -> tuple[SliceRef, ...]:
     """``old`` without the units ``new`` replaces whole (the same or a smaller range; the
-    global unit by the global unit), then ``new``: in batch order."""
+    global unit by the global unit), then ``new``: in batch order. Deltas replace nothing
+    and are replaced by nothing (:func:`prune_slices` drops them)."""
     def replaced(s: SliceRef) -> bool:
-        return any((s.is_global and n.is_global) or (
-            not s.is_global and not n.is_global and n.first_kg <= s.first_kg
-            and s.last_kg <= n.last_kg) for n in new)
+        return not s.is_delta and any(not n.is_delta and (
+            (s.is_global and n.is_global) or (
+                not s.is_global and not n.is_global and n.first_kg <= s.first_kg
+                and s.last_kg <= n.last_kg)) for n in new)
     kept = [s for s in old if not replaced(s)]
-    return tuple(sorted([*kept, *new], key=lambda s: (s.checkpoint_id, s.first_kg)))
+    return tuple(sorted([*kept, *new], key=lambda s: (s.checkpoint_id, s.is_delta,
+                                                     s.first_kg)))
 
 
 def prune_slices(slices: Sequence[SliceRef], coverage: Coverage) -> tuple[SliceRef, ...]:
-    """The units that still hold some key group's newest state."""
+    """The units that still hold some key group's newest state, and the deltas some key
+    group's older unit still needs."""
     def useful(s: SliceRef) -> bool:
+        if s.is_delta:
+            return any(coverage.versions.get(kg, s.checkpoint_id) < s.checkpoint_id
+                       for kg in range(s.first_kg, s.last_kg + 1))
         if s.is_global:
             return s.checkpoint_id == coverage.global_version
         return any(coverage.versions.get(kg) == s.checkpoint_id
@@ -153,10 +223,11 @@ def _write_sst(entries: Iterable[tuple[bytes, bytes]], path: str) -> bool:
 
 
 def write_units(instance: RocksDBInstance, ranges: Sequence[tuple[int, int]],
-                checkpoint_id: int, directory: str) -> list[tuple[SliceRef, list[str]]]:
-    """Write the units of ``ranges`` and the global unit from ``instance`` (nothing may
-    write it meanwhile) into ``directory``; each unit with its files' local paths, in
-    :meth:`SliceRef.file_name` order."""
+                checkpoint_id: int, directory: str, of: int = 0
+                ) -> list[tuple[SliceRef, list[str]]]:
+    """Write the units of ``ranges`` (slices of a cut into ``of``) and the global unit from
+    ``instance`` (nothing may write it meanwhile) into ``directory``; each unit with its
+    files' local paths, in :meth:`SliceRef.file_name` order."""
     os.makedirs(directory, exist_ok=True)
     cfs = sorted(instance.column_family_names())
     out: list[tuple[SliceRef, list[str]]] = []
@@ -175,7 +246,8 @@ def write_units(instance: RocksDBInstance, ranges: Sequence[tuple[int, int]],
             if _write_sst(entries, path):
                 names.append(cf)
                 paths.append(path)
-        out.append((SliceRef(first, last, checkpoint_id, tuple(names)), paths))
+        out.append((SliceRef(first, last, checkpoint_id, tuple(names),
+                             of=0 if first < 0 else of), paths))
     return out
 
 
@@ -280,19 +352,26 @@ def _kg_of(key: bytes) -> int:
 
 
 def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage: Coverage,
-                    units: Sequence[SliceRef], where: str) -> int:
+                    units: Sequence[SliceRef], where: str,
+                    within: tuple[int, int] | None = None,
+                    dropped: set[tuple[int, str]] | None = None) -> int:
     """Apply changelog ``batch`` to the key groups whose unit is older than it, on a state
     where every unit is already in place (:func:`ingest_units`); records read.
 
     Writes and range deletes are clipped to those key groups (the others' units already
     hold their effect); a column family dropped is dropped only when no unit at or after
-    ``batch`` holds it (else it was made again later: its stale key groups are cleared)."""
+    ``batch`` holds it (else it was made again later: its stale key groups are cleared).
+    A piece of a changelog (:mod:`.deltas`) passes its key groups ``within`` (a key outside
+    them is refused) and the set of ``(batch, column family)`` already ``dropped`` by
+    another piece of its batch (a drop is applied once)."""
     n = 0
     stale_global = coverage.global_version < batch
     versions = coverage.versions
     for rec in read_records(data, where):
         n += 1
         is_global = rec.cf in GLOBAL_COLUMN_FAMILIES
+        if within is not None and rec.op in (OP_WRITE, OP_DELETE_RANGE):
+            _check_within(rec, within, where)
         if rec.op == OP_WRITE:
             assert rec.entries is not None
             if is_global:
@@ -312,6 +391,10 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
         elif rec.op == OP_CREATE_CF:
             instance.column_family(rec.cf)
         elif rec.op == OP_DROP_CF:
+            if dropped is not None:
+                if (batch, rec.cf) in dropped:
+                    continue
+                dropped.add((batch, rec.cf))
             if rec.cf not in instance.column_family_names():
                 continue
             held_later = any(u.checkpoint_id >= batch and rec.cf in u.column_families
@@ -323,6 +406,18 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
             elif stale_global:
                 _clear_cf(instance, rec.cf)
     return n
+
+
+def _check_within(rec, within: tuple[int, int], where: str) -> None:
+    lo, hi = _prefix(within[0]), _end(within[1])
+    if rec.op == OP_WRITE:
+        bad = next((k for k in rec.entries if not lo <= k < hi), None)
+    else:
+        bad = rec.start if not (lo <= rec.start and rec.end <= hi) else None
+    if bad is not None or rec.cf in GLOBAL_COLUMN_FAMILIES:
+        raise CorruptStateError(f"{where}: a piece of key groups {within[0]}..{within[1]} "
+                                f"holds a change of {rec.cf!r} outside them: another "
+                                f"partition's or range's piece", path=where)
 
 
 MAX_KEY_GROUP = (1 << 15) - 1

@@ -28,6 +28,7 @@ from ..options import StateBackendOptions
 from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from .publish import ManifestFacts
+from .slices import rolling_on
 from .snapshot import LocalSnapshot
 from .task_metrics import CheckpointMetrics
 
@@ -121,7 +122,7 @@ def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -
     ``checkpoint_mode="auto"``: ``changelog`` when ``restored`` references at least
     ``auto_changelog_size`` bytes, or half of that when it is a changelog checkpoint
     itself (a state near the line does not switch at every batch); ``incremental``
-    otherwise and for empty state (``changelog`` with ``rolling_slices``). A changelog checkpoint with a materialization still
+    otherwise and for empty state (``changelog`` with rolling slices, :meth:`~statebackend.options.StateBackendOptions.rolling`). A changelog checkpoint with a materialization still
     pending stays in changelog mode whatever its size: an incremental checkpoint would not
     carry the pending name that keeps the materialization's files (maybe still uploading
     in the background) from the coordinator's sweeps. Only the committed manifest decides,
@@ -133,8 +134,11 @@ def mode_for(options: StateBackendOptions, restored: PartitionManifest | None) -
         return "incremental"  # a full snapshot every batch, as asked
     if restored is None:
         # rolling slices: the first batch writes its state as slices, so a large load is
-        # never held twice (as an incremental base and as the slices rotating it out)
-        return "changelog" if options.rolling_slices > 0 else "incremental"
+        # never held twice (as an incremental base and as the slices rotating it out);
+        # with the count derived (rolling_slices=None) only a load of at least
+        # auto_changelog_size does, the others checkpoint incrementally
+        # (ChangelogStrategy.sync_part decides from what the batch wrote)
+        return "changelog" if rolling_on(options) else "incremental"
     line = options.auto_changelog_size
     if restored.mode == "changelog":
         if restored.pending_materialization is not None:

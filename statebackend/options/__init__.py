@@ -119,10 +119,9 @@ class StateBackendOptions:
     checkpoint_mode: str = _opt(
         "auto", "checkpointing", "choice", choices=CHECKPOINT_MODES, doc=(
             "What a batch makes durable before it emits output: a RocksDB snapshot's new "
-            "SST files (`incremental`), or a changelog of its writes (`changelog`, snapshots "
-            "materialized in the background); `auto` chooses per partition and batch by the "
-            "size of its state (`auto_changelog_size`). docs/options.md, \"Changelog "
-            "checkpoints\"."))
+            "SST files (`incremental`), or a changelog of its writes (`changelog`); `auto` "
+            "chooses per partition and batch by the size of its state "
+            "(`auto_changelog_size`). docs/options.md, \"Changelog checkpoints\"."))
     auto_changelog_size: int = _opt(
         32 * _MIB, "checkpointing", "size", low=0, high=2**50, doc=(
             "`checkpoint_mode=\"auto\"`: a partition whose last checkpoint references at "
@@ -142,13 +141,14 @@ class StateBackendOptions:
             "snapshots; new SST files <= this x its changelog (+64 KiB) go in its critical "
             "path instead of the changelog, a compaction's rewrite to the background; level "
             "sizing applies. 0: off. None: 2 under `auto`, 0 under `changelog`."))
-    rolling_slices: int = _opt(
-        0, "checkpointing", "int", low=0, high=_MAX_KEY_GROUPS, doc=(
-            "Changelog mode, above 0: instead of materializing whole snapshots, each batch "
-            "rewrites one of this many key-group slices of the partition (SST files of "
-            "its entries) with its changelog, so what a batch makes durable follows what "
-            "it changed and no base is held twice. 0: off. docs/options.md, \"Rolling "
-            "slices\"."))
+    rolling_slices: int | None = _opt(
+        None, "checkpointing", "int", optional=True, low=0, high=_MAX_KEY_GROUPS, doc=(
+            "Changelog mode, above 0: each batch rewrites one of this many key-group "
+            "slices of the partition (SST files) with its changelog instead of "
+            "materializing snapshots, so what a batch makes durable follows what it "
+            "changed. 0: off. None: on under `auto` (what it puts in changelog mode, and a "
+            "first batch loading `auto_changelog_size`), the count derived per partition; "
+            "off under `changelog`. docs/options.md, \"Rolling slices\"."))
     # --- local recovery ------------------------------------------------------------------
     local_recovery: bool = _opt(
         True, "local_recovery", "bool", doc=(

@@ -41,7 +41,9 @@ def _manifest(size: int, mode: str) -> PartitionManifest:
 
 
 @pytest.mark.parametrize("size, restored_mode, expected", [
-    (None, None, "incremental"),            # empty state
+    # empty state: recorded, the first batch's own size decides (rolling slices for a
+    # large load, incremental below the line; test_rolling_default.py)
+    (None, None, "changelog"),
     (99 * KIB, "incremental", "incremental"),
     (100 * KIB, "incremental", "changelog"),  # at the line
     (60 * KIB, "changelog", "changelog"),     # between half and the line: stays
@@ -54,6 +56,8 @@ def test_auto_chooses_by_the_size_of_the_state_restored(size, restored_mode, exp
     opts = StateBackendOptions(checkpoint_mode="auto", auto_changelog_size="100k")
     restored = None if size is None else _manifest(size, restored_mode)
     assert mode_for(opts, restored) == expected
+    if restored is None:  # without rolling slices a first batch is incremental
+        assert mode_for(opts.with_(rolling_slices=0), restored) == "incremental"
     # the explicit modes ignore the size
     for mode in ("incremental", "changelog"):
         assert mode_for(opts.with_(checkpoint_mode=mode), restored) == mode
@@ -81,7 +85,9 @@ def test_auto_switches_modes_as_the_state_grows_and_shrinks(
     bg = Background()
     monkeypatch.setattr(changelog_mode_mod, "materialize_in_background", bg.submit)
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
-    opts = StateBackendOptions(checkpoint_mode="auto", auto_changelog_size="200k")
+    # materializations (rolling slices off): test_rolling_default.py has the default's
+    opts = StateBackendOptions(checkpoint_mode="auto", auto_changelog_size="200k",
+                               rolling_slices=0)
     local = str(tmp_path / "local")
     model: Model = {}
 

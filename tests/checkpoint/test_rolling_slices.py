@@ -20,6 +20,7 @@ from test_changelog import Model, apply, dump, restore_durable
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import slices as sl
+from statebackend.checkpoint.deltas import delta_problems
 from statebackend.errors import CorruptStateError, StorageError
 from statebackend.model.manifest import PartitionManifest, SliceRef, changelog_id
 from statebackend.options import StateBackendOptions
@@ -97,11 +98,19 @@ def test_restore_after_every_batch_of_a_random_history_equals_the_model(
         # one slice a batch: every key group's unit is at most N batches old, so a
         # manifest references at most N changelogs and no base once a rotation is done
         assert m.checkpoint_id - min(versions.values()) < N, (m.checkpoint_id, versions)
-        assert len(m.changelog_files) < N
         assert m.materialization is None and not m.db_files
-        # the changelogs named are exactly those after the oldest unit
-        assert [changelog_id(f.name) for f in m.changelog_files] == list(
-            range(min(versions.values()) + 1, m.checkpoint_id + 1))
+        # its changelogs travel as pieces by key-group range (statebackend.checkpoint.
+        # deltas): for every batch after a key group's unit a piece holding it, and no
+        # piece whose key groups all have a newer unit
+        assert not m.changelog_files
+        pieces = [d for d in m.slices if d.is_delta]
+        for b in range(min(versions.values()) + 1, m.checkpoint_id + 1):
+            for kg in (kg for kg, v in versions.items() if v < b):
+                assert any(d.checkpoint_id == b and d.first_kg <= kg <= d.last_kg
+                           for d in pieces), (b, kg)
+        for d in pieces:
+            assert any(versions[kg] < d.checkpoint_id
+                       for kg in range(d.first_kg, d.last_kg + 1)), d
 
 
 def test_each_batch_uploads_its_changelog_and_one_slice(tmp_path: Path) -> None:
@@ -128,10 +137,16 @@ def test_each_batch_uploads_its_changelog_and_one_slice(tmp_path: Path) -> None:
         new = [f for f in m.files if f.uploaded]
         # its changelog, the slice due (a quarter of the state) and the global unit
         assert {f.name for f in new if f.name.startswith("slice-") and "-g-" not in f.name} \
-            == {u.file_names()[0] for u in m.slices if u.checkpoint_id == n and not u.is_global}
+            == {u.file_names()[0] for u in m.slices if u.checkpoint_id == n
+                and not u.is_global and not u.is_delta}
+        # the changelog in pieces of 2 key groups, but those of the slice just rewritten
+        due = next(u for u in m.slices if u.checkpoint_id == n and not u.is_global)
+        assert {f.name for f in new if f.name.startswith("delta-")} == {
+            f"delta-{n}-{a}-{a + 1}.sbcl" for a in range(0, 16, 2)
+            if not due.first_kg <= a <= due.last_kg}
         assert sum(f.size for f in new) < state / N + 40 * 1024, n
         # the previous unit of that slice is no longer referenced
-        assert len([u for u in m.slices if not u.is_global]) == N
+        assert len([u for u in m.slices if not u.is_global and not u.is_delta]) == N
         assert restore_durable(store, m, opts) == model
     inst.close()
 
@@ -209,8 +224,9 @@ def test_a_crash_during_a_units_upload_publishes_nothing_and_a_retry_restores(
 def test_coverage_merge_and_prune() -> None:
     assert sl.slice_ranges((0, 15), 4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
     assert sl.slice_ranges((3, 5), 8) == [(3, 3), (4, 4), (5, 5)]
-    assert [sl.due_ranges((0, 15), 4, n, False) for n in (4, 5, 7)] == \
-        [[(0, 3)], [(4, 7)], [(12, 15)]]
+    v = {kg: 9 for kg in range(16)} | {5: 2, 13: 2, 12: 1}
+    assert [sl.due_ranges((0, 15), 4, vs, False) for vs in ({}, {**v, 5: 9}, v)] == \
+        [[(0, 3)], [(12, 15)], [(12, 15)]]
     old = (SliceRef(-1, -1, 3, ("_meta",)), SliceRef(0, 7, 3, ("s1",)),
            SliceRef(8, 15, 4, ("s1",)))
     new = (SliceRef(-1, -1, 5, ()), SliceRef(0, 3, 5, ("s1",)))
@@ -231,9 +247,11 @@ def test_coverage_merge_and_prune() -> None:
         merged + (SliceRef(4, 7, 6, ()),), c3)
 
 
-def test_a_changelog_listed_from_another_partitions_directory_is_refused(tmp_path: Path
-                                                                         ) -> None:
-    # a restore of rolling slices checks whose its changelogs are as any other does
+def test_a_piece_of_a_changelog_moved_dropped_or_swapped_is_refused(tmp_path: Path
+                                                                    ) -> None:
+    # a restore of rolling slices checks its changelog pieces (statebackend.checkpoint.
+    # deltas) as any other restore checks its changelogs: where they are, that none is
+    # missing, and that each holds its own key groups' and batch's changes
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=N,
                                max_parallelism=16)
@@ -242,16 +260,38 @@ def test_a_changelog_listed_from_another_partitions_directory_is_refused(tmp_pat
     rng, model = random.Random(5), {}
     try:
         for n in range(1, 4):
+            apply(inst, model, [("batch", "s1", [(key(kg, n), b"v%d" % n)
+                                                 for kg in range(16)])])
             apply(inst, model, random_batch(rng))
             m, _ = cp.checkpoint(inst, n, "a0", KGR)
             cp.resume(m, inst)
     finally:
         inst.close()
-    assert m.slices and len(m.changelog_files) >= 2 and m.changelog_sources == ()
+    pieces = [d for d in m.slices if d.is_delta]
+    assert len(pieces) >= 2 and not m.changelog_files
     assert restore_durable(store, m, opts) == model
-    mine = m.changelog_files[0]
+    files = m.slice_files
+    mine, other = files[pieces[0].file_name(0)], files[pieces[1].file_name(0)]
+
+    def refused(edited: PartitionManifest, match: str) -> CorruptStateError:
+        with pytest.raises(CorruptStateError, match=match) as bad:
+            restore_durable(store, edited, opts)
+        return bad.value
+
+    # in another partition's directory
     theirs = replace(mine, path=mine.path.replace("/p0/", "/p1/"))
-    edited = replace(m, files=tuple(theirs if f == mine else f for f in m.files))
-    with pytest.raises(CorruptStateError, match="another partition") as bad:
-        restore_durable(store, edited, opts)
-    assert bad.value.path == theirs.path
+    bad = refused(replace(m, files=tuple(theirs if f == mine else f for f in m.files)),
+                  "another partition")
+    assert bad.path == theirs.path
+    # left out of the manifest (entry and file)
+    dropped = replace(m, slices=tuple(s for s in m.slices if s != pieces[0]),
+                      files=tuple(f for f in m.files if f != mine))
+    refused(dropped, "piece is missing")
+    # verify's check is the same rule (statebackend.verify.changelogs_continuous)
+    assert delta_problems(m, 1, m.checkpoint_id) == (m.checkpoint_id, [])
+    reached, probs = delta_problems(dropped, 1, m.checkpoint_id)
+    assert reached == pieces[0].checkpoint_id - 1 and "piece is missing" in probs[0][1]
+    # its entry pointing at another range's piece, with that file's size and checksum
+    swapped = replace(mine, path=other.path, size=other.size, checksum=other.checksum)
+    refused(replace(m, files=tuple(swapped if f == mine else f for f in m.files)),
+            "outside them")

@@ -1,0 +1,169 @@
+"""Rolling slices by default (``rolling_slices=None`` under ``checkpoint_mode="auto"``): a
+first batch that loads at least ``auto_changelog_size`` is written as slices, a smaller one
+incrementally; the number of slices follows the partition's state and changelog sizes; a
+batch that changed nothing rewrites no slice and the oldest slice is the next one due;
+every checkpoint of a random history restores to the model."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from test_changelog import Model, apply, dump, restore_durable
+from test_rolling_slices import KGR, OP, random_batch
+
+from statebackend.checkpoint import PartitionCheckpointer
+from statebackend.checkpoint import slices as sl
+from statebackend.model.manifest import PartitionManifest, SliceRef
+from statebackend.options import StateBackendOptions
+from statebackend.storage import open_store
+
+
+def test_the_count_follows_state_over_changelog_and_keeps_its_cut() -> None:
+    kgr = (0, 63)
+    # no units and no sizes yet: 32; requested counts win; 3 key groups: off
+    assert sl.slice_count(None, kgr, (), 0, ()) == 32
+    assert sl.slice_count(7, kgr, (), 10**9, (10**6,)) == 7
+    assert sl.slice_count(None, (0, 2), (), 10**9, (10**6,)) == 0
+    # 0.55 x state / mean changelog, within 4..key groups
+    assert sl.slice_count(None, kgr, (), 10**9, (10**7,)) == 55      # 1% churn
+    assert sl.slice_count(None, kgr, (), 10**9, (5 * 10**7,)) == 11  # 5%
+    assert sl.slice_count(None, kgr, (), 10**9, (10**5,)) == 64      # 0.01%: clipped
+    assert sl.slice_count(None, kgr, (), 10**9, (4 * 10**8,)) == 4   # 40%: at least 4
+    # the current cut (its newest unit's count) is kept within a factor of 1.5
+    cut16 = tuple(SliceRef(a, b, 5, of=16) for a, b in sl.slice_ranges(kgr, 16))
+    assert sl.slice_count(None, kgr, cut16, 10**9, (3 * 10**7,)) == 16  # ideal 18
+    assert sl.slice_count(None, kgr, cut16, 10**9, (5 * 10**7,)) == 16  # ideal 11
+    assert sl.slice_count(None, kgr, cut16, 10**9, (6 * 10**7,)) == 9   # ideal 9.2
+    assert sl.slice_count(None, kgr, cut16, 10**9, (10**7,)) == 55
+    assert sl.slice_count(None, kgr, cut16, 0, ()) == 16
+    # a unit written before the count was recorded: its span says it
+    assert sl.slice_count(None, kgr, (SliceRef(0, 3, 5),), 0, ()) == 16
+
+
+def small_batch(rng: random.Random) -> list[tuple]:
+    return [("batch", "s1", [(kg.to_bytes(2, "big") + b"k%03d" % rng.randint(0, 9),
+                              bytes(rng.randrange(256) for _ in range(40)))])
+            for kg in rng.sample(range(KGR[1] + 1), 3)]
+
+
+@pytest.mark.parametrize("kept_open", [True, False])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_default_options_roll_a_large_partition(tmp_path: Path, kept_open: bool,
+                                                seed: int) -> None:
+    rng = random.Random(seed)
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16)
+    assert opts.rolling_slices is None and sl.rolling_on(opts)
+    local = str(tmp_path / "local")
+    model: Model = {}
+    cp = PartitionCheckpointer(store, OP, 0, opts, local)
+    inst, _ = cp.restore(None)
+    manifests: list[PartitionManifest] = []
+    for n in range(1, 31):
+        batch = (random_batch(rng, big=True) if n == 1 else [] if n in (9, 10)
+                 else small_batch(rng) if n % 3 else random_batch(rng))
+        apply(inst, model, batch)
+        m, _ = cp.checkpoint(inst, n, "a0", KGR)
+        manifests.append(m)
+        assert restore_durable(store, m, opts) == model, n
+        if kept_open:
+            cp.resume(m, inst)
+        else:
+            inst.close()
+            cp = PartitionCheckpointer(store, OP, 0, opts, local)
+            inst, _ = cp.restore(m)
+            assert dump(inst) == model, n
+    inst.close()
+    first = manifests[0]
+    # the load is written as slices, every one, and no changelog or base
+    assert first.mode == "changelog" and not first.changelog_files and not first.db_files
+    keyed = sorted((u.first_kg, u.last_kg) for u in first.slices if not u.is_global)
+    assert keyed[0][0] == KGR[0] and keyed[-1][1] == KGR[1] and len(keyed) >= 4
+    # a batch that changed nothing rewrites no slice
+    for m in manifests[8:10]:
+        assert not any(u.checkpoint_id == m.checkpoint_id for u in m.slices
+                       if not u.is_delta), m.slices
+    # every other batch rewrites one slice: the oldest, so no key group's unit is older
+    # than the count of slices + the two idle batches
+    for m in manifests[12:]:
+        mine = [u for u in m.slices if u.checkpoint_id == m.checkpoint_id
+                and not u.is_global and not u.is_delta]
+        assert len(mine) == 1, (m.checkpoint_id, m.slices)
+        versions = sl.covering(KGR, m.slices, m.materialized_id).versions
+        count = len([u for u in m.slices if not u.is_global and not u.is_delta])
+        assert m.checkpoint_id - min(versions.values()) <= count + 2
+        assert m.materialization is None and not m.db_files
+
+
+def test_a_small_first_batch_checkpoints_incrementally(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = StateBackendOptions(max_parallelism=16)  # auto_changelog_size: 32 MiB
+    cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
+    inst, _ = cp.restore(None)
+    model: Model = {}
+    apply(inst, model, random_batch(random.Random(3), big=True))
+    m, _ = cp.checkpoint(inst, 1, "a0", KGR)
+    inst.close()
+    assert m.mode == "incremental" and not m.slices and m.db_files
+    assert restore_durable(store, m, opts) == model
+    # explicit changelog mode without a count: materializations, as before
+    opts = StateBackendOptions(max_parallelism=16, checkpoint_mode="changelog")
+    assert not sl.rolling_on(opts)
+    cp = PartitionCheckpointer(store, "op2", 0, opts, str(tmp_path / "local2"))
+    inst, _ = cp.restore(None)
+    apply(inst, {}, random_batch(random.Random(3), big=True))
+    m2, _ = cp.checkpoint(inst, 1, "a0", KGR)
+    inst.close()
+    assert m2.mode == "changelog" and not m2.slices
+
+
+@pytest.mark.parametrize("kept_open", [True, False])
+def test_a_partition_grows_into_slices_and_shrinks_back(tmp_path: Path,
+                                                        kept_open: bool) -> None:
+    """Incremental while small; past the line the incremental base is rotated out by
+    slices (held until every slice was rewritten, then unreferenced); back to incremental
+    once a checkpoint under half the line is restored (the units still hold the dropped
+    state until they are rewritten)."""
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    opts = StateBackendOptions(auto_changelog_size="200k", max_parallelism=16)
+    local = str(tmp_path / "local")
+    model: Model = {}
+
+    def rows(lo: int, hi: int) -> list[tuple]:
+        return [("batch", "s1", [((i % 16).to_bytes(2, "big") + b"k%05d" % i,
+                                  random.randbytes(1024)) for i in range(lo, hi)])]
+
+    # grow to ~300 KiB, small updates for a rotation, then drop most of it
+    batches = ([rows(0, 100), rows(100, 300)] + [rows(5 * i, 5 * i + 5) for i in range(20)]
+               + [[("range", "s1", b"", b"\xff")]] + [rows(2 * i, 2 * i + 2) for i in range(24)])
+    cp = PartitionCheckpointer(store, OP, 0, opts, local)
+    inst, _ = cp.restore(None)
+    manifests: list[PartitionManifest] = []
+    for n, ops in enumerate(batches, start=1):
+        apply(inst, model, ops)
+        if n == 23:  # the drop compacted away (else an incremental snapshot still holds it)
+            inst.column_family("s1").compact_range(None, None)
+        m, _ = cp.checkpoint(inst, n, "a0", KGR)
+        manifests.append(m)
+        assert restore_durable(store, m, opts) == model, n
+        if kept_open:
+            cp.resume(m, inst)
+        else:
+            inst.close()
+            cp = PartitionCheckpointer(store, OP, 0, opts, local)
+            inst, _ = cp.restore(m)
+            assert dump(inst) == model, n
+    inst.close()
+    modes = [m.mode for m in manifests]
+    assert modes[:2] == ["incremental"] * 2, modes
+    rolled = manifests[2:22]
+    assert all(m.mode == "changelog" and m.slices for m in rolled), modes
+    # the incremental base is held while some key group has no unit newer than it...
+    assert rolled[0].db_files and rolled[0].materialized_id == 2
+    # ...and dropped once every slice was rewritten
+    assert not rolled[-1].db_files and rolled[-1].materialization is None
+    back = next(i for i in range(22, len(manifests)) if manifests[i].mode == "incremental")
+    assert all(m.mode == "incremental" for m in manifests[back:]), modes
+    assert not manifests[-1].slices
