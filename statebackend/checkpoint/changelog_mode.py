@@ -69,6 +69,17 @@ def stop_recording(instance: RocksDBInstance) -> None:
 class ChangelogStrategy(CheckpointStrategy):
     """Checkpoints of the writes recorded since the restore (see the module docstring)."""
 
+    def loads_small(self, instance: RocksDBInstance, request: CheckpointRequest) -> bool:
+        """A first batch under ``auto`` with slices derived (:func:`~.strategy.mode_for`
+        recorded it) that wrote less than ``auto_changelog_size`` (or whose partition is
+        too small to slice): it checkpoints incrementally, as ``auto`` does below the
+        line; only a large load is written as slices."""
+        o, rec = self.target.options, instance.changelog
+        return (request.base is None and o.rolling_slices is None and slices.rolling_on(o)
+                and rec is not None and not rec.closed
+                and (rec.raw_bytes < o.auto_changelog_size or slices.slice_count(
+                    None, request.key_group_range, (), 1, ()) == 0))
+
     def restored(self, instance: RocksDBInstance) -> None:
         start_recording(self.target.local, instance)
 
@@ -81,14 +92,6 @@ class ChangelogStrategy(CheckpointStrategy):
                 f"changelog mode needs the instance's writes recorded since its restore, "
                 f"and none were; restore it with this checkpointer (or call "
                 f"start_recording before writing)")
-        o = self.target.options
-        if request.base is None and o.rolling_slices is None and slices.rolling_on(o) and (
-                rec.raw_bytes < o.auto_changelog_size
-                or slices.slice_count(None, request.key_group_range, (), 1, ()) == 0):
-            # a first batch under auto (mode_for): only a large load is written as
-            # slices; the others checkpoint incrementally, as auto does below the line
-            from .incremental import IncrementalStrategy
-            return IncrementalStrategy(self.target).sync_part(instance, request)
         op = ChangelogUpload(self.target, instance, request, rec)
         try:
             op.prepare()

@@ -240,7 +240,11 @@ class PartitionCheckpointer:
         # the whole checkpoint is on the batch's critical path: background
         # materializations of this process start no upload meanwhile
         with critical_path():
-            operation = self.strategy.sync_part(instance, request)
+            strategy = self.strategy
+            if isinstance(strategy, ChangelogStrategy) and strategy.loads_small(instance,
+                                                                                request):
+                strategy = IncrementalStrategy(self)
+            operation = strategy.sync_part(instance, request)
             return operation.run()
 
     def _request(self, checkpoint_id: int, attempt: str,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_changelog import Model, apply, dump, restore_durable
-from test_rolling_slices import KGR, OP, random_batch
+from test_changelog import Model, apply, restore_durable
+from test_rolling_slices import KGR, OP, checkpoint_each, random_batch
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import slices as sl
-from statebackend.model.manifest import PartitionManifest, SliceRef
+from statebackend.model.manifest import SliceRef
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
 
@@ -56,26 +57,10 @@ def test_default_options_roll_a_large_partition(tmp_path: Path, kept_open: bool,
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16)
     assert opts.rolling_slices is None and sl.rolling_on(opts)
-    local = str(tmp_path / "local")
-    model: Model = {}
-    cp = PartitionCheckpointer(store, OP, 0, opts, local)
-    inst, _ = cp.restore(None)
-    manifests: list[PartitionManifest] = []
-    for n in range(1, 31):
-        batch = (random_batch(rng, big=True) if n == 1 else [] if n in (9, 10)
-                 else small_batch(rng) if n % 3 else random_batch(rng))
-        apply(inst, model, batch)
-        m, _ = cp.checkpoint(inst, n, "a0", KGR)
-        manifests.append(m)
-        assert restore_durable(store, m, opts) == model, n
-        if kept_open:
-            cp.resume(m, inst)
-        else:
-            inst.close()
-            cp = PartitionCheckpointer(store, OP, 0, opts, local)
-            inst, _ = cp.restore(m)
-            assert dump(inst) == model, n
-    inst.close()
+    batches = [random_batch(rng, big=True) if n == 1 else [] if n in (9, 10)
+               else small_batch(rng) if n % 3 else random_batch(rng) for n in range(1, 31)]
+    manifests, _model = checkpoint_each(store, opts, str(tmp_path / "local"), batches,
+                                        kept_open)
     first = manifests[0]
     # the load is written as slices, every one, and no changelog or base
     assert first.mode == "changelog" and not first.changelog_files and not first.db_files
@@ -128,8 +113,6 @@ def test_a_partition_grows_into_slices_and_shrinks_back(tmp_path: Path,
     state until they are rewritten)."""
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(auto_changelog_size="200k", max_parallelism=16)
-    local = str(tmp_path / "local")
-    model: Model = {}
 
     def rows(lo: int, hi: int) -> list[tuple]:
         return [("batch", "s1", [((i % 16).to_bytes(2, "big") + b"k%05d" % i,
@@ -138,24 +121,12 @@ def test_a_partition_grows_into_slices_and_shrinks_back(tmp_path: Path,
     # grow to ~300 KiB, small updates for a rotation, then drop most of it
     batches = ([rows(0, 100), rows(100, 300)] + [rows(5 * i, 5 * i + 5) for i in range(20)]
                + [[("range", "s1", b"", b"\xff")]] + [rows(2 * i, 2 * i + 2) for i in range(24)])
-    cp = PartitionCheckpointer(store, OP, 0, opts, local)
-    inst, _ = cp.restore(None)
-    manifests: list[PartitionManifest] = []
-    for n, ops in enumerate(batches, start=1):
-        apply(inst, model, ops)
+    def compact_the_drop(n: int, inst: Any) -> None:
         if n == 23:  # the drop compacted away (else an incremental snapshot still holds it)
             inst.column_family("s1").compact_range(None, None)
-        m, _ = cp.checkpoint(inst, n, "a0", KGR)
-        manifests.append(m)
-        assert restore_durable(store, m, opts) == model, n
-        if kept_open:
-            cp.resume(m, inst)
-        else:
-            inst.close()
-            cp = PartitionCheckpointer(store, OP, 0, opts, local)
-            inst, _ = cp.restore(m)
-            assert dump(inst) == model, n
-    inst.close()
+
+    manifests, _model = checkpoint_each(store, opts, str(tmp_path / "local"), batches,
+                                        kept_open, compact_the_drop)
     modes = [m.mode for m in manifests]
     assert modes[:2] == ["incremental"] * 2, modes
     rolled = manifests[2:22]

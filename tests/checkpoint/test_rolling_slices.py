@@ -22,7 +22,7 @@ from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import slices as sl
 from statebackend.checkpoint.deltas import delta_problems
 from statebackend.errors import CorruptStateError, StorageError
-from statebackend.model.manifest import PartitionManifest, SliceRef, changelog_id
+from statebackend.model.manifest import PartitionManifest, SliceRef
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
 
@@ -58,6 +58,34 @@ def random_batch(rng: random.Random, big: bool = False) -> list[tuple]:
     return ops
 
 
+def checkpoint_each(store: Any, opts: StateBackendOptions, local: str,
+                    batches: list[list[tuple]], kept_open: bool,
+                    before: Any = None) -> tuple[list[PartitionManifest], Model]:
+    """Batches 1..n of partition 0: apply (then ``before(n, instance)``), checkpoint, and
+    check that the checkpoint restores to the model from durable storage and, with the
+    instance not ``kept_open``, through the checkpointer's own restore."""
+    model: Model = {}
+    cp = PartitionCheckpointer(store, OP, 0, opts, local)
+    inst, _ = cp.restore(None)
+    manifests: list[PartitionManifest] = []
+    for n, ops in enumerate(batches, start=1):
+        apply(inst, model, ops)
+        if before is not None:
+            before(n, inst)
+        m, _ = cp.checkpoint(inst, n, "a0", KGR)
+        manifests.append(m)
+        assert restore_durable(store, m, opts) == model, n
+        if kept_open:
+            cp.resume(m, inst)
+        else:
+            inst.close()
+            cp = PartitionCheckpointer(store, OP, 0, opts, local)
+            inst, _ = cp.restore(m)
+            assert dump(inst) == model, n
+    inst.close()
+    return manifests, model
+
+
 def covered(m: PartitionManifest) -> dict[int, int]:
     return sl.covering(KGR, m.slices, m.materialized_id).versions
 
@@ -72,24 +100,9 @@ def test_restore_after_every_batch_of_a_random_history_equals_the_model(
     # auto: the first batches checkpoint incrementally, then changelog mode on that base
     opts = StateBackendOptions(checkpoint_mode=mode, rolling_slices=N,
                                auto_changelog_size="8k", max_parallelism=16)
-    local = str(tmp_path / "local")
-    model: Model = {}
-    cp = PartitionCheckpointer(store, OP, 0, opts, local)
-    inst, _ = cp.restore(None)
-    manifests: list[PartitionManifest] = []
-    for n in range(1, 25):
-        apply(inst, model, random_batch(rng, big=n in (1, 13)))
-        m, _ = cp.checkpoint(inst, n, "a0", KGR)
-        manifests.append(m)
-        assert restore_durable(store, m, opts) == model, n
-        if kept_open:
-            cp.resume(m, inst)
-        else:
-            inst.close()
-            cp = PartitionCheckpointer(store, OP, 0, opts, local)
-            inst, _ = cp.restore(m)
-            assert dump(inst) == model, n
-    inst.close()
+    manifests, _model = checkpoint_each(
+        store, opts, str(tmp_path / "local"),
+        [random_batch(rng, big=n in (1, 13)) for n in range(1, 25)], kept_open)
     # every older checkpoint still restores to what it was (nothing it names was changed)
     rolled = [m for m in manifests if m.slices]
     assert len(rolled) >= 18, [m.mode for m in manifests]
