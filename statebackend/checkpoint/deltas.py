@@ -17,14 +17,14 @@ holds them). A batch that wrote nothing leaves one empty piece over the whole ra
 every batch after a key group's unit has a piece covering it: :func:`delta_problems` checks
 exactly that, and that each piece is in its own batch's directory of this partition, for a
 restore and for ``verify``. A restore replays the pieces in batch order
-(:func:`replay_deltas`), each clipped to the key groups whose unit is older, a drop applied
+(:func:`replay_piece`), each clipped to the key groups whose unit is older, a drop applied
 once per batch.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..errors import CorruptStateError
 from ..model.manifest import PartitionManifest, SliceRef
@@ -121,20 +121,17 @@ def delta_problems(m: PartitionManifest, after: int, end: int
     return end, problems
 
 
-def replay_deltas(instance: RocksDBInstance, pieces: Sequence[tuple[SliceRef, str]],
-                  cover: Coverage, units: Sequence[SliceRef],
-                  read: Callable[[str], bytes]) -> int:
-    """Replay ``pieces`` (``(piece, local path)``) in batch order onto a state with every
-    unit in place; records read. A piece whose footer names another batch, or holding a
-    key outside its range, is refused."""
-    n = 0
-    dropped: set[tuple[int, str]] = set()
-    for d, path in sorted(pieces, key=lambda x: (x[0].checkpoint_id, x[0].first_kg)):
-        data = read(path)
-        got = span(data, path)[1]
-        if got != d.checkpoint_id:
-            raise CorruptStateError(f"the piece {d.file_name(0)} holds the changes of batch "
-                                    f"{got}, not {d.checkpoint_id}", path=path)
-        n += replay_filtered(instance, data, d.checkpoint_id, cover, units, path,
-                             within=(d.first_kg, d.last_kg), dropped=dropped)
-    return n
+def replay_piece(instance: RocksDBInstance, d: SliceRef, data: bytes, where: str,
+                 cover: Coverage, units: Sequence[SliceRef],
+                 dropped: set[tuple[int, str]]) -> int:
+    """Replay piece ``d`` (its bytes ``data``, read from ``where``) onto a state with every
+    unit in place and the pieces of earlier batches replayed; records read. ``dropped``:
+    the column families a piece of the same batch dropped already (shared by the pieces
+    of a restore). A piece whose footer names another batch, or holding a key outside its
+    range, is refused."""
+    got = span(data, where)[1]
+    if got != d.checkpoint_id:
+        raise CorruptStateError(f"the piece {d.file_name(0)} holds the changes of batch "
+                                f"{got}, not {d.checkpoint_id}", path=where)
+    return replay_filtered(instance, data, d.checkpoint_id, cover, units, where,
+                           within=(d.first_kg, d.last_kg), dropped=dropped)

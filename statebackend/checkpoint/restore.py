@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
 from ..model.carry import carried_origin
@@ -191,10 +191,14 @@ READ_AHEAD_BYTES = 256 << 20
 this many bytes together (a single larger one alone): it never holds the whole chain."""
 
 
-def _windows(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
+PIECES_AHEAD_FILES = 64
+"""Changelog pieces of rolling slices (small, one request each) a restore reads at once."""
+
+
+def _windows(files: list[FileEntry], most: int) -> Iterator[list[FileEntry]]:
     window: list[FileEntry] = []
     for f in files:
-        if window and (len(window) == READ_AHEAD_FILES
+        if window and (len(window) == most
                        or sum(w.size for w in window) + f.size > READ_AHEAD_BYTES):
             yield window
             window = []
@@ -203,12 +207,15 @@ def _windows(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
         yield window
 
 
-def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None
+def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,
+                   files: Sequence[FileEntry] | None = None, most: int = READ_AHEAD_FILES
                    ) -> Iterator[tuple[FileEntry, bytes, bool]]:
-    """``(file, data, downloaded)`` for each changelog of ``manifest`` in order: local copies
-    first, the others of a window read together (:meth:`DurableStore.get_bytes_many`), so
-    a chain pays one request latency per window, not per file."""
-    for window in _windows(list(manifest.changelog_files)):
+    """``(file, data, downloaded)`` for each changelog of ``manifest`` (or each of
+    ``files``) in order: local copies first, the others of a window of at most ``most``
+    read together (:meth:`DurableStore.get_bytes_many`), so a chain pays one request
+    latency per window, not per file."""
+    for window in _windows(list(manifest.changelog_files if files is None else files),
+                           most):
         local = [_local_changelog(f, local_dir) for f in window]
         remote = [f for f, data in zip(window, local) if data is None]
         try:
@@ -299,23 +306,25 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
     whole_end = max([cover.start] + [changelog_id(f.name) for f in manifest.changelog_files])
     _reached, problems = dl.delta_problems(manifest, whole_end, origin.checkpoint_id)
     where = (manifest.checkpoint_id, manifest.partition)
+    dropped: set[tuple[int, str]] = set()
     if problems:
         path, what = problems[0]
         raise CorruptStateError(f"checkpoint {where[0]} partition {where[1]} "
                                 f"({manifest.path}): {what}; the committed state cannot be "
                                 f"restored", checkpoint_id=where[0], partition=where[1],
                                 path=path)
-    pieces = [d for d in manifest.slices if d.is_delta]
+    pieces = sorted((d for d in manifest.slices if d.is_delta),
+                    key=lambda d: (d.checkpoint_id, d.first_kg))
+    piece_files = [sl.unit_files(manifest, d)[0] for d in pieces]
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
-    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in [*units, *pieces]]
+    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
     try:
-        # every unit's and piece's files at once (the store's parallel transfers), the
-        # units in place first; the changelogs then only touch the key groups whose unit
-        # is older than them
+        # every unit's files at once (the store's parallel transfers) and in place first;
+        # the changelogs then only touch the key groups whose unit is older than them
         total = download_files(store, manifest, [x for _u, xs in local for x in xs])
         try:
-            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local
-                                       if not u.is_delta], clear=floor >= 0)
+            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
+                            clear=floor >= 0)
             sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
         except CorruptStateError as exc:
             exc.checkpoint_id, exc.partition, exc.path = (*where, manifest.path)
@@ -324,9 +333,13 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
             store, manifest, local_dir, cover.start,
             whole_end if pieces else origin.checkpoint_id,
             lambda data, n, path: sl.replay_filtered(instance, data, n, cover, units, path))
+        # the pieces: small and many, read a window of 64 at once (each costs the store's
+        # latency, not its bandwidth), in batch order
+        fetched = _fetched_ahead(store, manifest, None, piece_files, PIECES_AHEAD_FILES)
         try:
-            dl.replay_deltas(instance, [(d, xs[0][1]) for d, xs in local if d.is_delta],
-                             cover, units, _read_local)
+            for d, (f, data, _downloaded) in zip(pieces, fetched):
+                dl.replay_piece(instance, d, data, f.path, cover, units, dropped)
+                total += len(data)
         except CorruptStateError as exc:
             exc.checkpoint_id, exc.partition = where
             raise
@@ -334,11 +347,6 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
     return total
-
-
-def _read_local(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 def open_checkpoint(store: DurableStore, manifest: PartitionManifest, target_dir: str,
