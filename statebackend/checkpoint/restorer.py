@@ -183,5 +183,6 @@ class PartitionRestorer:
             inst.close()
             self.local.discard_working_dir()
             raise
-        return inst, nbytes, nfiles + len(m.changelog_files)
+        # rolling slices: their units and changelog pieces are read by replay_changelogs
+        return inst, nbytes, nfiles + len(m.changelog_files) + len(m.slice_files)
 
