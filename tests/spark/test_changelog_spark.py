@@ -1,6 +1,7 @@
 """Changelog mode end to end: a running count across task retries, a restart, and the loss
 of the machine's local state, equal to a failure-free reference; the state it leaves is
-readable with read_state and passes `statebackend verify`."""
+readable with read_state and passes `statebackend verify`. With materializations, and with
+the default options past auto's line (rolling slices and changelog pieces)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,24 @@ SCHEMA = "k STRING, x BIGINT, ts TIMESTAMP"
 OUT = "k STRING, v BIGINT"
 
 
-def backend(tmp_path, keep_open: bool, ratio: float = 0.0) -> RocksDBStateBackend:
-    return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
-        parallelism=2, local_dir=str(tmp_path / "local"), checkpoint_mode="changelog",
-        materialize_interval=2, keep_instances_open=keep_open,
-        materialize_inline_ratio=ratio))
+def backend(tmp_path, keep_open: bool, ratio: float | None = 0.0) -> RocksDBStateBackend:
+    if ratio is None:  # the default for large state: auto's rolling slices, every batch
+        opts = StateBackendOptions(parallelism=2, local_dir=str(tmp_path / "local"),
+                                   keep_instances_open=keep_open, auto_changelog_size=0,
+                                   checkpoint_mode="auto", rolling_slices=None)
+    else:
+        opts = StateBackendOptions(
+            parallelism=2, local_dir=str(tmp_path / "local"), checkpoint_mode="changelog",
+            materialize_interval=2, keep_instances_open=keep_open,
+            materialize_inline_ratio=ratio, rolling_slices=0)
+    return RocksDBStateBackend(str(tmp_path / "state"), opts)
 
 
 # keep_open: instances stay open in the workers between batches and resume recording;
-# ratio 2: small batches checkpoint as their own materializations (materialize_inline_ratio)
-@pytest.mark.parametrize("keep_open, ratio", [(False, 0.0), (True, 0.0), (False, 2.0)])
+# ratio 2: small batches checkpoint as their own materializations (materialize_inline_ratio);
+# ratio None: the default options past auto's line (rolling slices, changelog pieces)
+@pytest.mark.parametrize("keep_open, ratio", [(False, 0.0), (True, 0.0), (False, 2.0),
+                                              (False, None), (True, None)])
 def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(spark, tmp_path,
                                                                                keep_open, ratio):
     data = random_batches(6, seed=17)
@@ -60,6 +69,11 @@ def test_running_count_in_changelog_mode_across_retry_restart_and_machine_loss(s
     problems, nfiles, _ = verify_checkpoints(store, "rc")
     assert problems == [] and nfiles > 0
     manifests = [read_manifest(store, rel, operator_id="rc") for rel in rec.manifests.values()]
+    if ratio is None:  # units and the pieces after them, no materialization
+        assert all(m.mode == "changelog" and m.materialization is None and m.slices
+                   and not m.changelog_files for m in manifests)
+        assert any(d.is_delta for m in manifests for d in m.slices)
+        return
     assert all(m.mode == "changelog" and m.materialization is not None for m in manifests)
     if ratio:  # the last batch's small snapshot: its own materialization, no changelog
         assert all(m.materialized_id == 5 and not m.changelog_files for m in manifests)
