@@ -16,6 +16,7 @@ from test_rolling_slices import KGR, OP, checkpoint_each, random_batch
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import slices as sl
+from statebackend.checkpoint.materialize import wait_for_materializations
 from statebackend.model.manifest import SliceRef
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
@@ -138,3 +139,34 @@ def test_a_partition_grows_into_slices_and_shrinks_back(tmp_path: Path,
     back = next(i for i in range(22, len(manifests)) if manifests[i].mode == "incremental")
     assert all(m.mode == "incremental" for m in manifests[back:]), modes
     assert not manifests[-1].slices
+
+
+@pytest.mark.parametrize("kept_open", [True, False])
+def test_a_materializing_lineage_upgraded_to_the_default_rolls_out_its_base(
+        tmp_path: Path, kept_open: bool) -> None:
+    """A partition written in changelog mode with whole materializations (the default
+    before rolling slices: its base, its whole changelogs, maybe a materialization still
+    pending) continues under the default options: the first rolling batches keep the
+    base and the whole changelogs after it, add pieces, and every checkpoint restores."""
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    old = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=0,
+                              materialize_interval=3, max_parallelism=16)
+    new = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16)
+    rng = random.Random(11)
+    batches = [random_batch(rng, big=n == 1) if n % 2 else small_batch(rng)
+               for n in range(1, 31)]
+
+    def upgraded_at_8(n: int) -> StateBackendOptions:
+        if n == 8:  # materializations of the old process done before the new one starts
+            wait_for_materializations()
+        return old if n < 8 else new
+
+    manifests, _model = checkpoint_each(store, upgraded_at_8, str(tmp_path / "local"),
+                                        batches, kept_open)
+    before, first = manifests[6], manifests[7]
+    assert before.materialization is not None and not before.slices
+    # the first rolling batch: the old base and its whole changelogs kept, pieces added
+    assert first.slices and first.db_files and first.materialized_id is not None
+    assert any(d.is_delta for d in first.slices)
+    # rolled out once every slice was rewritten after the base
+    assert not manifests[-1].db_files and not manifests[-1].changelog_files

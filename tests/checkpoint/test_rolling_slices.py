@@ -58,28 +58,35 @@ def random_batch(rng: random.Random, big: bool = False) -> list[tuple]:
     return ops
 
 
-def checkpoint_each(store: Any, opts: StateBackendOptions, local: str,
-                    batches: list[list[tuple]], kept_open: bool,
-                    before: Any = None) -> tuple[list[PartitionManifest], Model]:
+def checkpoint_each(store: Any, opts: Any, local: str, batches: list[list[tuple]],
+                    kept_open: bool, before: Any = None
+                    ) -> tuple[list[PartitionManifest], Model]:
     """Batches 1..n of partition 0: apply (then ``before(n, instance)``), checkpoint, and
     check that the checkpoint restores to the model from durable storage and, with the
-    instance not ``kept_open``, through the checkpointer's own restore."""
+    instance not ``kept_open``, through the checkpointer's own restore. ``opts``: the
+    options, or a function of the batch giving them (where they change, a new process
+    restores the last checkpoint with the new ones)."""
+    options = opts if callable(opts) else (lambda _n: opts)
     model: Model = {}
-    cp = PartitionCheckpointer(store, OP, 0, opts, local)
+    cp = PartitionCheckpointer(store, OP, 0, options(1), local)
     inst, _ = cp.restore(None)
     manifests: list[PartitionManifest] = []
     for n, ops in enumerate(batches, start=1):
+        if n > 1 and options(n) != options(n - 1):
+            inst.close()
+            cp = PartitionCheckpointer(store, OP, 0, options(n), f"{local}-{n}")
+            inst, _ = cp.restore(manifests[-1])
         apply(inst, model, ops)
         if before is not None:
             before(n, inst)
         m, _ = cp.checkpoint(inst, n, "a0", KGR)
         manifests.append(m)
-        assert restore_durable(store, m, opts) == model, n
+        assert restore_durable(store, m, options(n)) == model, n
         if kept_open:
             cp.resume(m, inst)
         else:
             inst.close()
-            cp = PartitionCheckpointer(store, OP, 0, opts, local)
+            cp = PartitionCheckpointer(store, OP, 0, options(n), local)
             inst, _ = cp.restore(m)
             assert dump(inst) == model, n
     inst.close()
