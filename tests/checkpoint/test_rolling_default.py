@@ -21,6 +21,10 @@ from statebackend.model.manifest import SliceRef
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
 
+# the defaults these tests are about, named: the suite's switches
+# (STATEBACKEND_TEST_CHECKPOINT_MODE, ..._ROLLING_SLICES) change the unnamed ones
+DEFAULT = {"checkpoint_mode": "auto", "rolling_slices": None}
+
 
 def test_the_count_follows_state_over_changelog_and_keeps_its_cut() -> None:
     kgr = (0, 63)
@@ -56,7 +60,7 @@ def test_default_options_roll_a_large_partition(tmp_path: Path, kept_open: bool,
                                                 seed: int) -> None:
     rng = random.Random(seed)
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
-    opts = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16)
+    opts = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16, **DEFAULT)
     assert opts.rolling_slices is None and sl.rolling_on(opts)
     batches = [random_batch(rng, big=True) if n == 1 else [] if n in (9, 10)
                else small_batch(rng) if n % 3 else random_batch(rng) for n in range(1, 31)]
@@ -85,7 +89,7 @@ def test_default_options_roll_a_large_partition(tmp_path: Path, kept_open: bool,
 
 def test_a_small_first_batch_checkpoints_incrementally(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
-    opts = StateBackendOptions(max_parallelism=16)  # auto_changelog_size: 32 MiB
+    opts = StateBackendOptions(max_parallelism=16, **DEFAULT)  # line: 32 MiB
     cp = PartitionCheckpointer(store, OP, 0, opts, str(tmp_path / "local"))
     inst, _ = cp.restore(None)
     model: Model = {}
@@ -113,7 +117,7 @@ def test_a_partition_grows_into_slices_and_shrinks_back(tmp_path: Path,
     once a checkpoint under half the line is restored (the units still hold the dropped
     state until they are rewritten)."""
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
-    opts = StateBackendOptions(auto_changelog_size="200k", max_parallelism=16)
+    opts = StateBackendOptions(auto_changelog_size="200k", max_parallelism=16, **DEFAULT)
 
     def rows(lo: int, hi: int) -> list[tuple]:
         return [("batch", "s1", [((i % 16).to_bytes(2, "big") + b"k%05d" % i,
@@ -151,7 +155,7 @@ def test_a_materializing_lineage_upgraded_to_the_default_rolls_out_its_base(
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     old = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=0,
                               materialize_interval=3, max_parallelism=16)
-    new = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16)
+    new = StateBackendOptions(auto_changelog_size="8k", max_parallelism=16, **DEFAULT)
     rng = random.Random(11)
     batches = [random_batch(rng, big=n == 1) if n % 2 else small_batch(rng)
                for n in range(1, 31)]

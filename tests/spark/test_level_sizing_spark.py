@@ -156,14 +156,18 @@ def test_changelog_mode_with_inline_materializations_sizes_levels(spark, tmp_pat
         running_counts(data)[1]
 
 
-def test_auto_mode_switches_a_large_partition_to_changelog(spark, tmp_path):
-    # checkpoint_mode="auto" with the line at 1 MiB: the load (~5 MB a partition, from
-    # empty state) checkpoints incrementally; every later batch restores a state over the
-    # line, on the instance kept open in its worker (or its working directory, in another
-    # worker process), and checkpoints in changelog mode,
-    # its small snapshots inline. The answers and the state read back are Spark's.
+@pytest.mark.parametrize("rolling", [None, 0])
+def test_auto_mode_switches_a_large_partition_to_changelog(spark, tmp_path, rolling):
+    # checkpoint_mode="auto" with the line at 1 MiB; every batch after the load restores a
+    # state over the line, on the instance kept open in its worker (or its working
+    # directory, in another worker process), and checkpoints in changelog mode. By default
+    # (rolling_slices=None) the load (~5 MB a partition, from empty state) is written as
+    # rolling slices and the later batches rewrite a slice each with their changelog's
+    # pieces; with rolling_slices=0 the load checkpoints incrementally and the later
+    # batches' small snapshots go inline. The answers and the state read back are Spark's.
     be, opts, data, state, store = _run_query(spark, tmp_path, 13, checkpoint_mode="auto",
-                                              auto_changelog_size="1m")
+                                              auto_changelog_size="1m",
+                                              rolling_slices=rolling)
     modes = {}
     for n in range(6):
         rec = be.coordinator(OP).get(n)
@@ -172,7 +176,11 @@ def test_auto_mode_switches_a_large_partition_to_changelog(spark, tmp_path):
             modes[n, p] = m.mode
             if n > 0:
                 assert m.metrics["restore"]["source"] in ("resident", "working_dir"), m.path
-    assert {modes[0, p] for p in (0, 1)} == {"incremental"}, modes
+            if rolling is None:  # units (every one of the load's), no snapshot files
+                assert m.slices and not m.db_files, m.path
+                assert n > 0 or all(u.checkpoint_id == 0 for u in m.slices), m.slices
+    first = "changelog" if rolling is None else "incremental"
+    assert {modes[0, p] for p in (0, 1)} == {first}, modes
     assert {v for (n, _p), v in modes.items() if n > 0} == {"changelog"}, modes
     rows = be.read_state(spark, OP, state_name="columnState").toPandas()
     assert {r["key"]["k"]: r["value"]["c"] for _, r in rows.iterrows()} == \
