@@ -156,7 +156,7 @@ def test_changelog_mode_with_inline_materializations_sizes_levels(spark, tmp_pat
         running_counts(data)[1]
 
 
-@pytest.mark.parametrize("rolling", [None, 0])
+@pytest.mark.parametrize("rolling", [None])  # 0: tests/checkpoint/test_auto_mode.py
 def test_auto_mode_switches_a_large_partition_to_changelog(spark, tmp_path, rolling):
     # checkpoint_mode="auto" with the line at 1 MiB; every batch after the load restores a
     # state over the line, on the instance kept open in its worker (or its working
