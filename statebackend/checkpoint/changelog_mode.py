@@ -151,8 +151,9 @@ class ChangelogUpload(CheckpointOperation):
 
     def _slice_count(self, lineage: Lineage) -> int:
         """This batch's number of slices (:func:`~.slices.slice_count`), 0: none."""
-        units = sum(f.size for f in lineage.slice_files if not f.name.startswith("delta-"))
-        held = lineage.materialized_size + units
+        unit_names = {nm for u in lineage.slices if not u.is_delta for nm in u.file_names()}
+        held = lineage.materialized_size + sum(f.size for f in lineage.slice_files
+                                               if f.name in unit_names)
         sizes = [c.size for c in lineage.changelogs]
         if 0 < self.stats.records and self.stats.size < held:
             sizes.append(self.stats.size)  # a batch's rate (not a load, not idle)
@@ -177,18 +178,15 @@ class ChangelogUpload(CheckpointOperation):
             self.stats.size >= MIN_CHANGELOG_BYTES and self.stats.size >= held)
         os.makedirs(t.local.partition_dir, exist_ok=True)
         self.unit_dir = tempfile.mkdtemp(prefix=f".units-{n}-", dir=t.local.partition_dir)
-        if not rewrite_all and self.stats.records:
-            cover = slices.covering(req.key_group_range, lineage.slices,
-                                    lineage.materialized_id)
-            ranges = slices.due_ranges(req.key_group_range, self.slice_n, cover.versions,
-                                       False)
+        if rewrite_all or self.stats.records:  # (nothing changed: the oldest slice waits)
+            versions = slices.covering(req.key_group_range, lineage.slices,
+                                       lineage.materialized_id).versions
+            ranges = slices.due_ranges(req.key_group_range, self.slice_n, versions,
+                                       rewrite_all)
             self.units = slices.write_units(self.instance, ranges, n, self.unit_dir,
                                             self.slice_n)
-        elif rewrite_all:
-            self.units = slices.write_units(self.instance, slices.slice_ranges(
-                req.key_group_range, self.slice_n), n, self.unit_dir, self.slice_n)
+        if rewrite_all:
             return  # every key group's unit is this batch's: no changelog needed
-        # nothing changed: nothing to rewrite, the oldest slice waits; one empty piece
         self.units += deltas.split_changelog(self.local_log, req.key_group_range,
                                              -1 if base is None else base.checkpoint_id, n,
                                              self.unit_dir)

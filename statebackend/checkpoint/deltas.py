@@ -39,7 +39,16 @@ from .changelog import (
     read_records,
     span,
 )
-from .slices import GLOBAL_COLUMN_FAMILIES, Coverage, covering, replay_filtered, slice_ranges
+from .slices import (
+    GLOBAL_COLUMN_FAMILIES,
+    Coverage,
+    covering,
+    kg_end,
+    kg_of,
+    kg_prefix,
+    replay_filtered,
+    slice_ranges,
+)
 
 PIECES = 8
 """Pieces a batch's changelog is cut into (fewer for fewer key groups): more pieces are
@@ -47,42 +56,43 @@ dropped sooner (a piece lives until the last slice of its range is rewritten) bu
 request each per batch."""
 
 
-def _kg(key: bytes) -> int:
-    return int.from_bytes(key[:2], "big")
-
-
 def split_changelog(path: str, key_group_range: tuple[int, int], base: int, batch: int,
                     directory: str) -> list[tuple[SliceRef, list[str]]]:
     """Cut the finished changelog at ``path`` into pieces under ``directory`` (see the
-    module docstring); each piece with its local path."""
+    module docstring); each piece with its local path. One pass over the records: each
+    entry goes to the piece of its key group."""
     with open(path, "rb") as fh:
         records = list(read_records(fh.read(), path))
     last_drop = {r.cf: i for i, r in enumerate(records) if r.op == OP_DROP_CF}
-    live = [r for i, r in enumerate(records) if i >= last_drop.get(r.cf, -1)
-            and r.cf not in GLOBAL_COLUMN_FAMILIES]
     ranges = (slice_ranges(key_group_range, PIECES) if records
               else [key_group_range])
-    out = []
-    for first, last in ranges:
-        ref = SliceRef(first, last, batch, (), DELTA)
-        piece = os.path.join(directory, ref.file_name(0))
-        w = ChangelogWriter(piece)
-        lo, hi = (first).to_bytes(2, "big"), (last + 1).to_bytes(2, "big")
-        for r in live:
-            if r.op == OP_WRITE:
-                assert r.entries is not None
-                w.write(r.cf, {k: v for k, v in r.entries.items() if first <= _kg(k) <= last})
-            elif r.op == OP_DELETE_RANGE:
-                start, end = max(r.start, lo), min(r.end, hi)
+    refs = [SliceRef(first, last, batch, (), DELTA) for first, last in ranges]
+    paths = [os.path.join(directory, ref.file_name(0)) for ref in refs]
+    writers = [ChangelogWriter(p) for p in paths]
+    piece_of = {kg: i for i, (first, last) in enumerate(ranges)
+                for kg in range(first, last + 1)}
+    for i, r in enumerate(records):
+        if i < last_drop.get(r.cf, -1) or r.cf in GLOBAL_COLUMN_FAMILIES:
+            continue  # dead before its column family's drop; or the global unit's
+        if r.op == OP_WRITE:
+            assert r.entries is not None
+            parts: list[dict[bytes, bytes | None]] = [{} for _w in writers]
+            for k, v in r.entries.items():
+                parts[piece_of[kg_of(k)]][k] = v
+            for w, part in zip(writers, parts):
+                w.write(r.cf, part)
+        elif r.op == OP_DELETE_RANGE:
+            for w, (first, last) in zip(writers, ranges):
+                start, end = max(r.start, kg_prefix(first)), min(r.end, kg_end(last))
                 if start < end:
                     w.delete_range(r.cf, start, end)
-            elif r.op == OP_CREATE_CF:
-                w.create_column_family(r.cf)
-            elif r.op == OP_DROP_CF:
-                w.drop_column_family(r.cf)
+        else:
+            for w in writers:
+                (w.create_column_family if r.op == OP_CREATE_CF
+                 else w.drop_column_family)(r.cf)
+    for w in writers:
         w.finish(base=base, batch=batch)
-        out.append((ref, [piece]))
-    return out
+    return [(ref, [p]) for ref, p in zip(refs, paths)]
 
 
 def delta_problems(m: PartitionManifest, after: int, end: int

@@ -315,9 +315,9 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
                                 path=path)
     pieces = sorted((d for d in manifest.slices if d.is_delta),
                     key=lambda d: (d.checkpoint_id, d.first_kg))
-    piece_files = [sl.unit_files(manifest, d)[0] for d in pieces]
+    piece_files = [fs[0] for fs in sl.unit_files(manifest, pieces)]
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
-    local = [(u, sl.fetch_unit_paths(manifest, u, scratch)) for u in units]
+    local = sl.fetch_unit_paths(manifest, units, scratch)
     try:
         # every unit's files at once (the store's parallel transfers) and in place first;
         # the changelogs then only touch the key groups whose unit is older than them

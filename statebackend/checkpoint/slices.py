@@ -125,12 +125,12 @@ def slice_count(requested: int | None, key_group_range: tuple[int, int],
     return n
 
 
-def _prefix(kg: int) -> bytes:
+def kg_prefix(kg: int) -> bytes:
     return kg.to_bytes(2, "big")
 
 
-def _end(last_kg: int) -> bytes:
-    return _prefix(last_kg + 1)  # key groups are < 2**15, so last + 1 fits
+def kg_end(last_kg: int) -> bytes:
+    return kg_prefix(last_kg + 1)  # key groups are < 2**15, so last + 1 fits
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def write_units(instance: RocksDBInstance, ranges: Sequence[tuple[int, int]],
             ref = SliceRef(first, last, checkpoint_id, tuple(names) + (cf,))
             path = os.path.join(directory, ref.file_name(len(names)))
             entries = (instance.scan_range(cf, b"", None) if is_global
-                       else instance.scan_range(cf, _prefix(first), _end(last)))
+                       else instance.scan_range(cf, kg_prefix(first), kg_end(last)))
             if _write_sst(entries, path):
                 names.append(cf)
                 paths.append(path)
@@ -263,7 +263,7 @@ def _clear(instance: RocksDBInstance, unit: SliceRef) -> None:
         if unit.is_global:
             _clear_cf(instance, cf)
         else:
-            instance.delete_range(cf, _prefix(unit.first_kg), _end(unit.last_kg))
+            instance.delete_range(cf, kg_prefix(unit.first_kg), kg_end(unit.last_kg))
 
 
 def ingest_unit(instance: RocksDBInstance, unit: SliceRef, paths: Sequence[str]) -> None:
@@ -319,15 +319,15 @@ def _ingest_checked(instance: RocksDBInstance, cf: str, paths: Sequence[str],
         owners = [] if f["name"] in before else sizes.get(int(f["size"]), [])
         # a file already compacted with others is not seen here; check_range still sees
         # a key of another partition
-        if owners and not any(_prefix(u.first_kg) <= f["start_key"]
-                              and f["end_key"] < _end(u.last_kg) for u in owners):
+        if owners and not any(kg_prefix(u.first_kg) <= f["start_key"]
+                              and f["end_key"] < kg_end(u.last_kg) for u in owners):
             raise _foreign(cf, f["start_key"], f["end_key"], owners[0])
 
 
 def check_range(instance: RocksDBInstance, key_group_range: tuple[int, int]) -> None:
     """Refuse a state holding a key outside ``key_group_range`` in a column family keyed
     by key group (after units are ingested: one of them was another partition's file)."""
-    lo, hi = _prefix(key_group_range[0]), _end(key_group_range[1])
+    lo, hi = kg_prefix(key_group_range[0]), kg_end(key_group_range[1])
     for cf in instance.column_family_names():
         if cf in GLOBAL_COLUMN_FAMILIES:
             continue
@@ -343,11 +343,11 @@ def _foreign(cf: str, lo: bytes, hi: bytes, unit: SliceRef | None,
              else f"the partition's key groups {key_group_range[0]}..{key_group_range[1]}")
     return CorruptStateError(
         f"a slice file of column family {cf!r} holds keys of key groups "
-        f"{_kg_of(lo)}..{_kg_of(hi)}, outside {whose}: it is another partition's or "
+        f"{kg_of(lo)}..{kg_of(hi)}, outside {whose}: it is another partition's or "
         f"another slice's file; the committed state cannot be restored from it")
 
 
-def _kg_of(key: bytes) -> int:
+def kg_of(key: bytes) -> int:
     return int.from_bytes(key[:2].ljust(2, b"\0"), "big")
 
 
@@ -370,19 +370,21 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
     for rec in read_records(data, where):
         n += 1
         is_global = rec.cf in GLOBAL_COLUMN_FAMILIES
-        if within is not None and rec.op in (OP_WRITE, OP_DELETE_RANGE):
-            _check_within(rec, within, where)
+        if within is not None and is_global and rec.op in (OP_WRITE, OP_DELETE_RANGE):
+            raise _outside(rec.cf, within, where)  # a piece holds no global change
         if rec.op == OP_WRITE:
             assert rec.entries is not None
             if is_global:
                 if stale_global:
                     instance.write({rec.cf: rec.entries})
                 continue
-            keep = {k: v for k, v in rec.entries.items()
-                    if versions.get(int.from_bytes(k[:2], "big"), -1) < batch}
+            keep = _stale_entries(rec.cf, rec.entries, batch, versions, within, where)
             if keep:
                 instance.write({rec.cf: keep})
         elif rec.op == OP_DELETE_RANGE:
+            if within is not None and not (kg_prefix(within[0]) <= rec.start
+                                           and rec.end <= kg_end(within[1])):
+                raise _outside(rec.cf, within, where)
             if is_global:
                 if stale_global:
                     instance.delete_range(rec.cf, rec.start, rec.end)
@@ -402,22 +404,31 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
             if not held_later:
                 instance.drop_column_family(rec.cf)
             elif not is_global:
-                _delete_stale(instance, rec.cf, b"", _end(MAX_KEY_GROUP), batch, versions)
+                _delete_stale(instance, rec.cf, b"", kg_end(MAX_KEY_GROUP), batch, versions)
             elif stale_global:
                 _clear_cf(instance, rec.cf)
     return n
 
 
-def _check_within(rec, within: tuple[int, int], where: str) -> None:
-    lo, hi = _prefix(within[0]), _end(within[1])
-    if rec.op == OP_WRITE:
-        bad = next((k for k in rec.entries if not lo <= k < hi), None)
-    else:
-        bad = rec.start if not (lo <= rec.start and rec.end <= hi) else None
-    if bad is not None or rec.cf in GLOBAL_COLUMN_FAMILIES:
-        raise CorruptStateError(f"{where}: a piece of key groups {within[0]}..{within[1]} "
-                                f"holds a change of {rec.cf!r} outside them: another "
-                                f"partition's or range's piece", path=where)
+def _stale_entries(cf: str, entries: dict[bytes, bytes | None], batch: int,
+                   versions: dict[int, int], within: tuple[int, int] | None, where: str
+                   ) -> dict[bytes, bytes | None]:
+    """The entries of key groups whose unit is older than ``batch`` (one key-group
+    decode per key); refused when one is outside a piece's key groups ``within``."""
+    keep = {}
+    for k, v in entries.items():
+        kg = int.from_bytes(k[:2], "big")
+        if within is not None and not within[0] <= kg <= within[1]:
+            raise _outside(cf, within, where)
+        if versions.get(kg, -1) < batch:
+            keep[k] = v
+    return keep
+
+
+def _outside(cf: str, within: tuple[int, int], where: str) -> CorruptStateError:
+    return CorruptStateError(f"{where}: a piece of key groups {within[0]}..{within[1]} "
+                             f"holds a change of {cf!r} outside them: another "
+                             f"partition's or range's piece", path=where)
 
 
 MAX_KEY_GROUP = (1 << 15) - 1
@@ -428,10 +439,10 @@ def _delete_stale(instance: RocksDBInstance, cf: str, start: bytes, end: bytes, 
     """``delete_range(start, end)`` on the key groups whose unit is older than ``batch``."""
     if start >= end:
         return
-    for kg in range(_kg_of(start), min(_kg_of(end), MAX_KEY_GROUP) + 1):
+    for kg in range(kg_of(start), min(kg_of(end), MAX_KEY_GROUP) + 1):
         if versions.get(kg, -1) >= batch:
             continue
-        lo, hi = max(start, _prefix(kg)), min(end, _end(kg))
+        lo, hi = max(start, kg_prefix(kg)), min(end, kg_end(kg))
         if lo < hi:
             instance.delete_range(cf, lo, hi)
 
@@ -442,25 +453,29 @@ def _clear_cf(instance: RocksDBInstance, cf: str) -> None:
         instance.write({cf: dict.fromkeys(keys)})
 
 
-def unit_files(manifest: PartitionManifest, unit: SliceRef) -> list[FileEntry]:
-    """The entries of ``unit``'s files in ``manifest`` (refused when one is missing)."""
-    have = manifest.slice_files
+def unit_files(manifest: PartitionManifest, units: Sequence[SliceRef]
+               ) -> list[list[FileEntry]]:
+    """The entries of each unit's files in ``manifest`` (refused when one is missing)."""
+    have = manifest.slice_files  # a dict built from every file: once for all units
     out = []
-    for name in unit.file_names():
-        f = have.get(name)
-        if f is None:
-            raise CorruptStateError(f"checkpoint {manifest.checkpoint_id} partition "
-                                    f"{manifest.partition} ({manifest.path}): slice file "
-                                    f"{name} of the unit of batch {unit.checkpoint_id} is not "
-                                    f"among its files; the committed state cannot be restored",
-                                    checkpoint_id=manifest.checkpoint_id,
-                                    partition=manifest.partition, path=manifest.path)
-        out.append(f)
+    for unit in units:
+        entries = []
+        for name in unit.file_names():
+            f = have.get(name)
+            if f is None:
+                raise CorruptStateError(
+                    f"checkpoint {manifest.checkpoint_id} partition {manifest.partition} "
+                    f"({manifest.path}): slice file {name} of the unit of batch "
+                    f"{unit.checkpoint_id} is not among its files; the committed state "
+                    f"cannot be restored", checkpoint_id=manifest.checkpoint_id,
+                    partition=manifest.partition, path=manifest.path)
+            entries.append(f)
+        out.append(entries)
     return out
 
 
-def fetch_unit_paths(manifest: PartitionManifest, unit: SliceRef, directory: str
-                     ) -> list[tuple[FileEntry, str]]:
-    """``(entry, local path)`` for each of ``unit``'s files, under ``directory``."""
-    return [(f, os.path.join(directory, f"{unit.checkpoint_id}-{f.name}"))
-            for f in unit_files(manifest, unit)]
+def fetch_unit_paths(manifest: PartitionManifest, units: Sequence[SliceRef], directory: str
+                     ) -> list[tuple[SliceRef, list[tuple[FileEntry, str]]]]:
+    """Each unit with ``(entry, local path)`` for each of its files, under ``directory``."""
+    return [(u, [(f, os.path.join(directory, f"{u.checkpoint_id}-{f.name}")) for f in fs])
+            for u, fs in zip(units, unit_files(manifest, units))]
