@@ -299,18 +299,24 @@ def restore_all(config: OperatorConfig, coord, args: argparse.Namespace,
         nbytes += rm.bytes_downloaded
         nfiles += rm.files_downloaded
     seconds = time.perf_counter() - t0
-    # the floor: the live state through the link once, plus one request per file; with
-    # independent connections, as many transfers at once as threads and connections allow
+    # the floor: bytes through the link once, plus one request per file; with independent
+    # connections, as many transfers at once as threads and connections allow
     lanes = max(1, config.options.download_threads)
 
-    def floor(size: int) -> float:
+    def floor(size: int, files: int) -> float:
         if args.link == "independent":
-            return (size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles) / min(
+            return (size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * files) / min(
                 lanes, args.max_connections)
-        return size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * nfiles / lanes
+        return size / (args.bandwidth_mbps * 1e6) + args.latency_ms / 1000 * files / lanes
 
-    return {"seconds": seconds, "bytes": nbytes, "files": nfiles, "download_floor_s": floor(nbytes),
-            "logical_download_s": floor(logical_bytes) if logical_bytes else None}
+    # one download of the state: its logical bytes in files of RocksDB's 64 MiB target
+    # size (not in as many files as the restore read: that floor charges our own request
+    # count to the state, and pieces are read 64 at once, not download_threads at once)
+    part = -(-logical_bytes // max(1, args.partitions))
+    state_files = args.partitions * max(1, -(-part // (64 << 20)))
+    return {"seconds": seconds, "bytes": nbytes, "files": nfiles,
+            "download_floor_s": floor(nbytes, nfiles), "state_files": state_files,
+            "logical_download_s": floor(logical_bytes, state_files) if logical_bytes else None}
 
 
 def stats(xs: list[float]) -> str:
@@ -504,7 +510,8 @@ def print_run(run: Run) -> None:
     print(f"  restore after losing the machine: {run.restore['seconds']:.1f} s for "
           f"{run.restore['bytes'] / 1e6:.0f} MB in {run.restore['files']} files (floor "
           f"{run.restore['download_floor_s']:.1f} s: {s['restore_over_floor']:.2f}x; one "
-          f"download of the logical state {_x(s['restore_over_logical_download'])})")
+          f"download of the logical state, in {run.restore.get('state_files')} files of 64 MiB, "
+          f"{_x(s['restore_over_logical_download'])})")
     print("  targets: " + "; ".join(
         f"{k} {_x(v['value'])} {'met' if v['met'] else 'NOT met' if v['met'] is not None else '?'}"
         for k, v in s["targets"].items()))

@@ -364,7 +364,7 @@ def replay(instance, data: bytes, where: str = "<changelog>") -> int:
         n += 1
         if rec.op == OP_WRITE:
             assert rec.entries is not None
-            instance.write({rec.cf: rec.entries})
+            instance.write({rec.cf: rec.entries}, wal=False)
         elif rec.op == OP_DELETE_RANGE:
             instance.delete_range(rec.cf, rec.start, rec.end)
         elif rec.op == OP_CREATE_CF:

@@ -24,7 +24,7 @@ once per batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..errors import CorruptStateError
 from ..model.manifest import PartitionManifest, SliceRef
@@ -46,8 +46,10 @@ from .slices import (
     kg_end,
     kg_of,
     kg_prefix,
+    outside,
     replay_filtered,
     slice_ranges,
+    stale_entries,
 )
 
 PIECES = 8
@@ -139,9 +141,79 @@ def replay_piece(instance: RocksDBInstance, d: SliceRef, data: bytes, where: str
     the column families a piece of the same batch dropped already (shared by the pieces
     of a restore). A piece whose footer names another batch, or holding a key outside its
     range, is refused."""
+    _footer_checked(d, data, where)
+    return replay_filtered(instance, data, d.checkpoint_id, cover, units, where,
+                           within=(d.first_kg, d.last_kg), dropped=dropped)
+
+
+def _footer_checked(d: SliceRef, data: bytes, where: str) -> None:
     got = span(data, where)[1]
     if got != d.checkpoint_id:
         raise CorruptStateError(f"the piece {d.file_name(0)} holds the changes of batch "
                                 f"{got}, not {d.checkpoint_id}", path=where)
-    return replay_filtered(instance, data, d.checkpoint_id, cover, units, where,
-                           within=(d.first_kg, d.last_kg), dropped=dropped)
+
+
+MERGE_BYTES = 256 << 20
+"""Pieces a restore merges ahead, in bytes: the memory their latest values take."""
+
+
+class Merged:
+    """The pieces of a restore's first batches merged while its units download: per
+    column family the latest write of each key whose unit is older than its batch, so
+    they go in with one write per column family once the units are in place, not one
+    replay per piece after them. Only writes merge (a last write wins whatever came
+    before it); the first piece with a range delete or a column-family drop, and every
+    piece after it, are replayed one by one (:func:`replay_piece`)."""
+
+    def __init__(self, cover: Coverage) -> None:
+        self.cover = cover
+        self.writes: dict[str, dict[bytes, bytes | None]] = {}
+        self.created: list[str] = []
+        self.bytes = self.pieces = 0
+
+    def add(self, d: SliceRef, data: bytes, where: str) -> bool:
+        """Merge piece ``d`` (checked as :func:`replay_piece` checks it); False, with
+        nothing merged, when it holds something other than writes."""
+        _footer_checked(d, data, where)
+        within = (d.first_kg, d.last_kg)
+        records = list(read_records(data, where))
+        if any(r.op not in (OP_WRITE, OP_CREATE_CF) for r in records):
+            return False
+        for r in records:
+            if r.op == OP_CREATE_CF:
+                self.created.append(r.cf)
+                continue
+            if r.cf in GLOBAL_COLUMN_FAMILIES:
+                raise outside(r.cf, within, where)  # a piece holds no global change
+            assert r.entries is not None
+            keep = stale_entries(r.cf, r.entries, d.checkpoint_id, self.cover.versions,
+                                 within, where)
+            self.writes.setdefault(r.cf, {}).update(keep)
+        self.bytes += len(data)
+        self.pieces += 1
+        return True
+
+    def apply(self, instance: RocksDBInstance) -> None:
+        for cf in self.created:
+            instance.column_family(cf)
+        for cf, entries in self.writes.items():
+            if entries:
+                instance.write({cf: entries}, wal=False)
+
+
+def merged_ahead(pieces: Sequence[SliceRef], fetched: Iterator[tuple[object, bytes, bool]],
+                 cover: Coverage, most: int = MERGE_BYTES) -> Iterator[tuple]:
+    """``("merged", Merged)`` of the first pieces (up to ``most`` bytes and the first
+    that is not only writes), then ``("piece", d, file, data)`` of each other one, in
+    batch order; ``fetched`` yields ``(file, data, downloaded)`` of each piece."""
+    merged = Merged(cover)
+    rest = zip(pieces, fetched)
+    for d, (f, data, _downloaded) in rest:
+        if merged.bytes + len(data) > most or not merged.add(d, data, f.path):
+            yield "merged", merged
+            yield "piece", d, f, data
+            break
+    else:
+        yield "merged", merged
+    for d, (f, data, _downloaded) in rest:
+        yield "piece", d, f, data

@@ -8,15 +8,19 @@ or partial state.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import CorruptStateError, StorageError, UnsafePathError
 from ..model.carry import carried_origin
 from ..model.manifest import (
     FileEntry,
     PartitionManifest,
+    SliceRef,
     changelog_id,
     check_component,
     check_relative,
@@ -25,6 +29,9 @@ from ..rocksdb.instance import RocksDBInstance
 from ..storage.base import DurableStore
 from ..storage.checksum import bytes_crc32
 from .changelog import check_chain, replay, span
+
+if TYPE_CHECKING:
+    from .slices import Coverage
 
 
 def validate_manifest(manifest: PartitionManifest, operator_id: str | None = None) -> None:
@@ -195,11 +202,17 @@ PIECES_AHEAD_FILES = 64
 """Changelog pieces of rolling slices (small, one request each) a restore reads at once."""
 
 
-def _windows(files: list[FileEntry], most: int) -> Iterator[list[FileEntry]]:
+PIECES_AHEAD_BYTES = 64 << 20
+"""At most this many bytes of pieces in one window (three windows in memory at once: one
+replayed, one waiting, one read)."""
+
+
+def _windows(files: list[FileEntry], most: int,
+             most_bytes: int = READ_AHEAD_BYTES) -> Iterator[list[FileEntry]]:
     window: list[FileEntry] = []
     for f in files:
         if window and (len(window) == most
-                       or sum(w.size for w in window) + f.size > READ_AHEAD_BYTES):
+                       or sum(w.size for w in window) + f.size > most_bytes):
             yield window
             window = []
         window.append(f)
@@ -208,14 +221,15 @@ def _windows(files: list[FileEntry], most: int) -> Iterator[list[FileEntry]]:
 
 
 def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,
-                   files: Sequence[FileEntry] | None = None, most: int = READ_AHEAD_FILES
+                   files: Sequence[FileEntry] | None = None, most: int = READ_AHEAD_FILES,
+                   most_bytes: int = READ_AHEAD_BYTES
                    ) -> Iterator[tuple[FileEntry, bytes, bool]]:
     """``(file, data, downloaded)`` for each changelog of ``manifest`` (or each of
     ``files``) in order: local copies first, the others of a window of at most ``most``
     read together (:meth:`DurableStore.get_bytes_many`), so a chain pays one request
     latency per window, not per file."""
     for window in _windows(list(manifest.changelog_files if files is None else files),
-                           most):
+                           most, most_bytes):
         local = [_local_changelog(f, local_dir) for f in window]
         remote = [f for f, data in zip(window, local) if data is None]
         try:
@@ -227,6 +241,57 @@ def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: 
                 yield f, data, False
             else:
                 yield f, _checked(store, manifest, f, next(fetched)), True
+
+
+class _Ahead(Iterator):
+    """The items of ``items`` produced by a thread of its own, at most ``depth`` ahead of
+    the consumer: reads overlap the work done with earlier items and, started before it,
+    other work (a restore reads its pieces while its units download). The producer's
+    exception is raised where it stopped; :meth:`close` (always: a consumer may never
+    start) stops the producer."""
+
+    _END = object()
+
+    def __init__(self, items: Iterable, depth: int) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, args=(items,), daemon=True,
+                                        name="sb-restore-ahead")
+        self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterable) -> None:
+        try:
+            for x in items:
+                if not self._put((x, None)):
+                    return
+            self._put((self._END, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._put((None, exc))
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        x, exc = self._queue.get()
+        if exc is not None or x is self._END:
+            self._done = True
+            if exc is not None:
+                raise exc
+            raise StopIteration
+        return x
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
 
 
 def replay_changelogs(instance: RocksDBInstance, store: DurableStore,
@@ -272,8 +337,10 @@ def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: s
     partition."""
     where = f"manifest {manifest.path}"
     total = 0
+    # the next window is read while this one is replayed
+    fetched = _Ahead(_fetched_ahead(store, manifest, local_dir), READ_AHEAD_FILES)
     try:
-        for f, data, downloaded in _fetched_ahead(store, manifest, local_dir):
+        for f, data, downloaded in fetched:
             n = changelog_id(f.name)
             check_chain([(f.path, n, span(data, f.path))], start, n, where)
             start = n
@@ -284,6 +351,8 @@ def _replay_chain(store: DurableStore, manifest: PartitionManifest, local_dir: s
         if exc.checkpoint_id is None:
             exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
         raise
+    finally:
+        fetched.close()
     return total
 
 
@@ -306,18 +375,19 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
     whole_end = max([cover.start] + [changelog_id(f.name) for f in manifest.changelog_files])
     _reached, problems = dl.delta_problems(manifest, whole_end, origin.checkpoint_id)
     where = (manifest.checkpoint_id, manifest.partition)
-    dropped: set[tuple[int, str]] = set()
     if problems:
-        path, what = problems[0]
-        raise CorruptStateError(f"checkpoint {where[0]} partition {where[1]} "
-                                f"({manifest.path}): {what}; the committed state cannot be "
-                                f"restored", checkpoint_id=where[0], partition=where[1],
-                                path=path)
+        raise _unrestorable(manifest, *problems[0])
     pieces = sorted((d for d in manifest.slices if d.is_delta),
                     key=lambda d: (d.checkpoint_id, d.first_kg))
     piece_files = [fs[0] for fs in sl.unit_files(manifest, pieces)]
     scratch = tempfile.mkdtemp(prefix=".slices-", dir=os.path.dirname(instance.path) or ".")
     local = sl.fetch_unit_paths(manifest, units, scratch)
+    # the pieces: small and many, read 64 at once (each costs the store's latency, not
+    # its bandwidth), in batch order, by a thread of their own from now on, which also
+    # merges the first ones (dl.Merged): all while the units download
+    fetched = _Ahead(dl.merged_ahead(pieces, _fetched_ahead(
+        store, manifest, None, piece_files, PIECES_AHEAD_FILES, PIECES_AHEAD_BYTES), cover),
+        PIECES_AHEAD_FILES)
     try:
         # every unit's files at once (the store's parallel transfers) and in place first;
         # the changelogs then only touch the key groups whose unit is older than them
@@ -333,20 +403,42 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
             store, manifest, local_dir, cover.start,
             whole_end if pieces else origin.checkpoint_id,
             lambda data, n, path: sl.replay_filtered(instance, data, n, cover, units, path))
-        # the pieces: small and many, read a window of 64 at once (each costs the store's
-        # latency, not its bandwidth), in batch order
-        fetched = _fetched_ahead(store, manifest, None, piece_files, PIECES_AHEAD_FILES)
-        try:
-            for d, (f, data, _downloaded) in zip(pieces, fetched):
-                dl.replay_piece(instance, d, data, f.path, cover, units, dropped)
-                total += len(data)
-        except CorruptStateError as exc:
-            exc.checkpoint_id, exc.partition = where
-            raise
+        total += _replay_pieces(instance, fetched, cover, units, where)
     finally:
+        fetched.close()
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
     return total
+
+
+def _replay_pieces(instance: RocksDBInstance, fetched: Iterator[tuple], cover: Coverage,
+                   units: Sequence[SliceRef], where: tuple[int, int]) -> int:
+    """Apply what :func:`~.deltas.merged_ahead` yields: the merged pieces at once, then
+    the others one by one; returns their bytes."""
+    from . import deltas as dl
+
+    total = 0
+    dropped: set[tuple[int, str]] = set()  # (batch, column family) a piece dropped
+    try:
+        for item in fetched:
+            if item[0] == "merged":
+                item[1].apply(instance)
+                total += item[1].bytes
+            else:
+                _kind, d, f, data = item
+                dl.replay_piece(instance, d, data, f.path, cover, units, dropped)
+                total += len(data)
+    except CorruptStateError as exc:
+        exc.checkpoint_id, exc.partition = where
+        raise
+    return total
+
+
+def _unrestorable(manifest: PartitionManifest, path: str, what: str) -> CorruptStateError:
+    return CorruptStateError(f"checkpoint {manifest.checkpoint_id} partition "
+                             f"{manifest.partition} ({manifest.path}): {what}; the committed "
+                             f"state cannot be restored", checkpoint_id=manifest.checkpoint_id,
+                             partition=manifest.partition, path=path)
 
 
 def open_checkpoint(store: DurableStore, manifest: PartitionManifest, target_dir: str,

@@ -371,20 +371,20 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
         n += 1
         is_global = rec.cf in GLOBAL_COLUMN_FAMILIES
         if within is not None and is_global and rec.op in (OP_WRITE, OP_DELETE_RANGE):
-            raise _outside(rec.cf, within, where)  # a piece holds no global change
+            raise outside(rec.cf, within, where)  # a piece holds no global change
         if rec.op == OP_WRITE:
             assert rec.entries is not None
             if is_global:
                 if stale_global:
-                    instance.write({rec.cf: rec.entries})
+                    instance.write({rec.cf: rec.entries}, wal=False)
                 continue
-            keep = _stale_entries(rec.cf, rec.entries, batch, versions, within, where)
+            keep = stale_entries(rec.cf, rec.entries, batch, versions, within, where)
             if keep:
-                instance.write({rec.cf: keep})
+                instance.write({rec.cf: keep}, wal=False)
         elif rec.op == OP_DELETE_RANGE:
             if within is not None and not (kg_prefix(within[0]) <= rec.start
                                            and rec.end <= kg_end(within[1])):
-                raise _outside(rec.cf, within, where)
+                raise outside(rec.cf, within, where)
             if is_global:
                 if stale_global:
                     instance.delete_range(rec.cf, rec.start, rec.end)
@@ -410,7 +410,7 @@ def replay_filtered(instance: RocksDBInstance, data: bytes, batch: int, coverage
     return n
 
 
-def _stale_entries(cf: str, entries: dict[bytes, bytes | None], batch: int,
+def stale_entries(cf: str, entries: dict[bytes, bytes | None], batch: int,
                    versions: dict[int, int], within: tuple[int, int] | None, where: str
                    ) -> dict[bytes, bytes | None]:
     """The entries of key groups whose unit is older than ``batch`` (one key-group
@@ -419,13 +419,13 @@ def _stale_entries(cf: str, entries: dict[bytes, bytes | None], batch: int,
     for k, v in entries.items():
         kg = int.from_bytes(k[:2], "big")
         if within is not None and not within[0] <= kg <= within[1]:
-            raise _outside(cf, within, where)
+            raise outside(cf, within, where)
         if versions.get(kg, -1) < batch:
             keep[k] = v
     return keep
 
 
-def _outside(cf: str, within: tuple[int, int], where: str) -> CorruptStateError:
+def outside(cf: str, within: tuple[int, int], where: str) -> CorruptStateError:
     return CorruptStateError(f"{where}: a piece of key groups {within[0]}..{within[1]} "
                              f"holds a change of {cf!r} outside them: another "
                              f"partition's or range's piece", path=where)

@@ -100,3 +100,53 @@ def test_a_missing_changelog_in_the_window_fails_the_restore(tmp_path: Path) -> 
     with pytest.raises(CorruptStateError, match=gone.path) as info:
         open_checkpoint(store, m, str(tmp_path / "restored")).close()
     assert info.value.path == gone.path
+
+
+def test_the_next_reads_overlap_the_replay(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first changelog's replay waits until a read of the second window has started:
+    reads happen on a thread of their own while the consumer replays, or this fails."""
+    store, m, model = _chain(tmp_path, 8)
+    later = {f.path for f in m.changelog_files[restore_mod.READ_AHEAD_FILES:]}
+    read_later = threading.Event()
+    read = store.get_bytes
+
+    def get_bytes(path: str) -> bytes:
+        if path in later:
+            read_later.set()
+        return read(path)
+
+    store.get_bytes = get_bytes
+    replay, waited = restore_mod.replay, []
+
+    def slow_replay(instance: Any, data: bytes, where: str = "") -> int:
+        if not waited:
+            waited.append(read_later.wait(10))
+        return replay(instance, data, where=where)
+
+    monkeypatch.setattr(restore_mod, "replay", slow_replay)
+    inst = open_checkpoint(store, m, str(tmp_path / "restored"))
+    try:
+        assert dump(inst) == model
+    finally:
+        inst.close()
+    assert waited == [True]
+
+
+def test_reading_ahead_keeps_order_raises_where_it_failed_and_stops_when_closed() -> None:
+    def items():
+        yield from range(5)
+        raise CorruptStateError("the sixth is damaged")
+
+    ahead = restore_mod._Ahead(items(), 2)
+    got = []
+    with pytest.raises(CorruptStateError, match="sixth"):
+        for x in ahead:
+            got.append(x)
+    assert got == [0, 1, 2, 3, 4]
+    # never consumed (the units' download failed first): close stops its thread
+    endless = restore_mod._Ahead(iter(int, 1), 2)
+    endless.close()
+    endless._thread.join(5)
+    assert not endless._thread.is_alive()
+    assert list(endless) == []
