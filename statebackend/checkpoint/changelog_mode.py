@@ -178,6 +178,7 @@ class ChangelogUpload(CheckpointOperation):
             self.stats.size >= MIN_CHANGELOG_BYTES and self.stats.size >= held)
         os.makedirs(t.local.partition_dir, exist_ok=True)
         self.unit_dir = tempfile.mkdtemp(prefix=f".units-{n}-", dir=t.local.partition_dir)
+        pieces = None
         if rewrite_all or self.stats.records:  # (nothing changed: the oldest slice waits)
             versions = slices.covering(req.key_group_range, lineage.slices,
                                        lineage.materialized_id).versions
@@ -185,11 +186,12 @@ class ChangelogUpload(CheckpointOperation):
                                        rewrite_all)
             self.units = slices.write_units(self.instance, ranges, n, self.unit_dir,
                                             self.slice_n)
+            pieces = deltas.piece_ranges(req.key_group_range, self.slice_n, versions, ranges)
         if rewrite_all:
             return  # every key group's unit is this batch's: no changelog needed
         self.units += deltas.split_changelog(self.local_log, req.key_group_range,
                                              -1 if base is None else base.checkpoint_id, n,
-                                             self.unit_dir)
+                                             self.unit_dir, pieces)
 
     def _rolled(self) -> tuple[Lineage, tuple[SliceRef, ...], bool]:
         """The lineage after this batch's units: units merged and pruned, the base and the

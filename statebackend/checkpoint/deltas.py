@@ -8,8 +8,9 @@ range were rewritten after its batch, on average half a rotation: ``1 + cN/2`` r
 for the same bytes written (``1 + 1/(cN)`` of the changed bytes), which is what lets a count
 near ``0.5/c`` meet both 3x written and ~1.3x referenced.
 
-A batch that wrote records cuts its changelog into :data:`PIECES` pieces over contiguous
-key-group ranges (:func:`split_changelog`); writes and range deletes go to the pieces of
+A batch that wrote records cuts its changelog into pieces over key-group ranges aligned
+with the rotation (:func:`piece_ranges`: :data:`PIECES` groups of the slices by their next
+turn, none for the slice the batch rewrote) (:func:`split_changelog`); writes and range deletes go to the pieces of
 their key groups, a column family dropped goes to every piece (the writes to it before the
 drop are dead and left out, so each piece holds at most one drop per column family and its
 writes after it), and the global column families' records to none (the batch's global unit
@@ -58,15 +59,50 @@ dropped sooner (a piece lives until the last slice of its range is rewritten) bu
 request each per batch."""
 
 
+def piece_ranges(key_group_range: tuple[int, int], n: int, versions: dict[int, int],
+                 rewritten: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The key-group ranges a batch's changelog is cut into, aligned with the rotation:
+    the ``n`` slices but those the batch ``rewritten`` (their units hold its changes), in
+    the order they are rewritten next (oldest unit first, ``versions`` as in
+    :func:`~.slices.due_ranges`), :data:`PIECES` groups of consecutive ones, each group's
+    contiguous runs a range. A piece is dropped once the last slice of its range is
+    rewritten: grouped by turn it lives until its group's turn (on average ~9/16 of a
+    rotation with 8 groups), not until a fixed range's last slice (~5/8). Ranges in key
+    order; fixed equal ranges when the turns are not a rotation (over ``2 x PIECES``
+    runs)."""
+    done = set(rewritten)
+    todo = [r for r in slice_ranges(key_group_range, n) if r not in done]
+    if not todo:
+        return []
+    order = sorted(todo, key=lambda r: (min(versions.get(kg, -1)
+                                            for kg in range(r[0], r[1] + 1)), r[0]))
+    groups = min(PIECES, len(order))
+    runs: list[tuple[int, int]] = []
+    for g in range(groups):
+        group = sorted(order[g * len(order) // groups: (g + 1) * len(order) // groups])
+        first, last = group[0]
+        for a, b in group[1:]:
+            if a != last + 1:
+                runs.append((first, last))
+                first = a
+            last = b
+        runs.append((first, last))
+    if len(runs) > 2 * PIECES:
+        return slice_ranges(key_group_range, PIECES)
+    return sorted(runs)
+
+
 def split_changelog(path: str, key_group_range: tuple[int, int], base: int, batch: int,
-                    directory: str) -> list[tuple[SliceRef, list[str]]]:
+                    directory: str, ranges: Sequence[tuple[int, int]] | None = None
+                    ) -> list[tuple[SliceRef, list[str]]]:
     """Cut the finished changelog at ``path`` into pieces under ``directory`` (see the
-    module docstring); each piece with its local path. One pass over the records: each
-    entry goes to the piece of its key group."""
+    module docstring), over ``ranges`` (:func:`piece_ranges`; default :data:`PIECES`
+    equal ones); each piece with its local path. One pass over the records: each entry
+    goes to the piece of its key group (none: its slice's unit holds it)."""
     with open(path, "rb") as fh:
         records = list(read_records(fh.read(), path))
     last_drop = {r.cf: i for i, r in enumerate(records) if r.op == OP_DROP_CF}
-    ranges = (slice_ranges(key_group_range, PIECES) if records
+    ranges = ((list(ranges) if ranges else slice_ranges(key_group_range, PIECES)) if records
               else [key_group_range])
     refs = [SliceRef(first, last, batch, (), DELTA) for first, last in ranges]
     paths = [os.path.join(directory, ref.file_name(0)) for ref in refs]
@@ -78,9 +114,10 @@ def split_changelog(path: str, key_group_range: tuple[int, int], base: int, batc
             continue  # dead before its column family's drop; or the global unit's
         if r.op == OP_WRITE:
             assert r.entries is not None
-            parts: list[dict[bytes, bytes | None]] = [{} for _w in writers]
+            parts: list[dict[bytes, bytes | None]] = [{} for _w in writers + [None]]
             for k, v in r.entries.items():
-                parts[piece_of[kg_of(k)]][k] = v
+                parts[piece_of.get(kg_of(k), -1)][k] = v
+            parts.pop()  # the rewritten slices' entries: in their units
             for w, part in zip(writers, parts):
                 w.write(r.cf, part)
         elif r.op == OP_DELETE_RANGE:

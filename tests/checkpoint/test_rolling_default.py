@@ -174,3 +174,24 @@ def test_a_materializing_lineage_upgraded_to_the_default_rolls_out_its_base(
     assert any(d.is_delta for d in first.slices)
     # rolled out once every slice was rewritten after the base
     assert not manifests[-1].db_files and not manifests[-1].changelog_files
+
+
+def test_pieces_follow_the_turns_of_the_slices() -> None:
+    from statebackend.checkpoint import deltas as dl
+
+    kgr, n = (0, 63), 16
+    cut = sl.slice_ranges(kgr, n)
+    # slice i's unit is of batch 100 + (i - 5) mod 16: slice 5 is the oldest, rewritten now
+    versions = {kg: 100 + (i - 5) % n for i, (a, b) in enumerate(cut) for kg in range(a, b + 1)}
+    ranges = dl.piece_ranges(kgr, n, versions, [cut[5]])
+    # no piece for the slice rewritten; the others in 8 groups of next turns (6; 7-8; ...;
+    # 15 and 0, split where the key groups wrap; 1-2; 3-4), in key order
+    assert ranges == [(0, 3), (4, 11), (12, 19), (24, 27), (28, 35), (36, 43), (44, 51),
+                      (52, 59), (60, 63)]
+    covered = {kg for a, b in ranges for kg in range(a, b + 1)}
+    assert covered == set(range(64)) - set(range(20, 24))
+    # fewer slices than pieces: one piece per slice
+    assert dl.piece_ranges((0, 15), 4, {}, [(0, 3)]) == [(4, 7), (8, 11), (12, 15)]
+    # turns that are no rotation (units of scattered ages): fixed ranges
+    scattered = {kg: (kg * 7919) % 64 for kg in range(64)}
+    assert dl.piece_ranges(kgr, 64, scattered, [(0, 0)]) == sl.slice_ranges(kgr, dl.PIECES)

@@ -159,11 +159,12 @@ def test_each_batch_uploads_its_changelog_and_one_slice(tmp_path: Path) -> None:
         assert {f.name for f in new if f.name.startswith("slice-") and "-g-" not in f.name} \
             == {u.file_names()[0] for u in m.slices if u.checkpoint_id == n
                 and not u.is_global and not u.is_delta}
-        # the changelog in pieces of 2 key groups, but those of the slice just rewritten
+        # the changelog in pieces by slice turn (with N <= deltas.PIECES, one piece per
+        # slice), but none for the slice just rewritten (its unit holds the batch)
         due = next(u for u in m.slices if u.checkpoint_id == n and not u.is_global)
         assert {f.name for f in new if f.name.startswith("delta-")} == {
-            f"delta-{n}-{a}-{a + 1}.sbcl" for a in range(0, 16, 2)
-            if not due.first_kg <= a <= due.last_kg}
+            f"delta-{n}-{a}-{b}.sbcl" for a, b in sl.slice_ranges(KGR, N)
+            if (a, b) != (due.first_kg, due.last_kg)}
         assert sum(f.size for f in new) < state / N + 40 * 1024, n
         # the previous unit of that slice is no longer referenced
         assert len([u for u in m.slices if not u.is_global and not u.is_delta]) == N
