@@ -208,7 +208,8 @@ replayed, one waiting, one read)."""
 
 
 def _windows(files: list[FileEntry], most: int,
-             most_bytes: int = READ_AHEAD_BYTES) -> Iterator[list[FileEntry]]:
+             most_bytes: int | None = None) -> Iterator[list[FileEntry]]:
+    most_bytes = READ_AHEAD_BYTES if most_bytes is None else most_bytes
     window: list[FileEntry] = []
     for f in files:
         if window and (len(window) == most
@@ -222,7 +223,7 @@ def _windows(files: list[FileEntry], most: int,
 
 def _fetched_ahead(store: DurableStore, manifest: PartitionManifest, local_dir: str | None,
                    files: Sequence[FileEntry] | None = None, most: int = READ_AHEAD_FILES,
-                   most_bytes: int = READ_AHEAD_BYTES
+                   most_bytes: int | None = None
                    ) -> Iterator[tuple[FileEntry, bytes, bool]]:
     """``(file, data, downloaded)`` for each changelog of ``manifest`` (or each of
     ``files``) in order: local copies first, the others of a window of at most ``most``
@@ -389,16 +390,9 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         store, manifest, None, piece_files, PIECES_AHEAD_FILES, PIECES_AHEAD_BYTES), cover),
         PIECES_AHEAD_FILES)
     try:
-        # every unit's files at once (the store's parallel transfers) and in place first;
-        # the changelogs then only touch the key groups whose unit is older than them
-        total = download_files(store, manifest, [x for _u, xs in local for x in xs])
-        try:
-            sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in local],
-                            clear=floor >= 0)
-            sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
-        except CorruptStateError as exc:
-            exc.checkpoint_id, exc.partition, exc.path = (*where, manifest.path)
-            raise
+        # every unit in place first; the changelogs then only touch the key groups whose
+        # unit is older than them
+        total = _ingest_downloaded(instance, store, manifest, local, clear=floor >= 0)
         total += _replay_chain(
             store, manifest, local_dir, cover.start,
             whole_end if pieces else origin.checkpoint_id,
@@ -408,6 +402,48 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         fetched.close()
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
+    return total
+
+
+UNIT_GROUPS = 4
+"""A rolling restore downloads its units in this many groups (the store's parallel
+transfers within each) and puts each group in place while the next downloads."""
+
+
+def _ingest_downloaded(instance: RocksDBInstance, store: DurableStore,
+                       manifest: PartitionManifest,
+                       local: Sequence[tuple[SliceRef, Sequence[tuple[FileEntry, str]]]],
+                       clear: bool) -> int:
+    """Download the units' files (``(unit, [(entry, local path)])`` in batch order) and
+    ingest them (:func:`~.slices.ingest_units`), a group's ingest overlapping the next
+    group's download (one group when units overlap: they go in one by one, in order);
+    the bytes downloaded. A unit's file of other key groups, or a state outside the
+    partition's, is refused naming the manifest."""
+    from . import slices as sl
+
+    n = UNIT_GROUPS if not sl.units_overlap([u for u, _x in local]) else 1
+    groups = [list(local[i * len(local) // n: (i + 1) * len(local) // n]) for i in range(n)]
+    downloads = _Ahead(((g, download_files(store, manifest, [x for _u, xs in g for x in xs]))
+                        for g in groups if g), 1)
+    total = 0
+    try:
+        for group, nbytes in downloads:
+            total += nbytes
+            try:
+                sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in group],
+                                clear=clear)
+            except CorruptStateError as exc:
+                exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
+                exc.path = manifest.path
+                raise
+    finally:
+        downloads.close()
+    try:
+        sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
+    except CorruptStateError as exc:
+        exc.checkpoint_id, exc.partition, exc.path = (manifest.checkpoint_id,
+                                                      manifest.partition, manifest.path)
+        raise
     return total
 
 

@@ -279,10 +279,7 @@ def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequ
     """Put every unit in place (``(unit, local paths)``, in batch order): what each unit
     replaces deleted first when ``clear`` (a base is open), then each column family's files
     ingested in one call when no two units overlap (else one unit after another)."""
-    keyed = [u for u, _p in units if not u.is_global]
-    overlap = any(a.first_kg <= b.last_kg and b.first_kg <= a.last_kg
-                  for i, a in enumerate(keyed) for b in keyed[i + 1:])
-    if overlap:
+    if units_overlap([u for u, _p in units]):
         for u, paths in units:
             ingest_unit(instance, u, paths)
         return
@@ -297,6 +294,12 @@ def ingest_units(instance: RocksDBInstance, units: Sequence[tuple[SliceRef, Sequ
             owners.append(u)
     for cf, (files, owners) in by_cf.items():
         _ingest_checked(instance, cf, files, owners)
+
+
+def units_overlap(units: Sequence[SliceRef]) -> bool:
+    """Whether two units keyed by key group share one (then they go in one by one)."""
+    keyed = sorted((u.first_kg, u.last_kg) for u in units if not u.is_global)
+    return any(b[0] <= a[1] for a, b in zip(keyed, keyed[1:]))
 
 
 def _ingest_checked(instance: RocksDBInstance, cf: str, paths: Sequence[str],
