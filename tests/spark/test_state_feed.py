@@ -277,25 +277,52 @@ def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
     assert df.collect() == want.collect()
 
 
-def test_distributed_readers_on_local_cluster(spark, run):
-    """On local-cluster[2,1,1024] (executors in their own JVMs and Python workers) both
-    distributed readers give exactly the driver's rows."""
+@pytest.fixture(scope="module")
+def cluster_reader(tmp_path_factory):
+    """``read(url, op, a, b)`` on one local-cluster[2,1,1024] (tests/spark/cluster_read.py)
+    for both checkpoint modes: a cluster costs a driver and two executor JVMs to start."""
     import os
     import subprocess
     import sys
 
-    be, store, ids, _mode = run
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, os.path.join(here, "cluster_read.py"), store.root,
-                           "feed", "1", str(ids[-1])], env=env, capture_output=True, text=True,
-                          timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT "):])
+    log = tmp_path_factory.mktemp("cluster-read") / "stderr.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, os.path.join(here, "cluster_read.py")],
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+
+    def read(url: str, op: str, a: int, b: int) -> dict:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps([url, op, a, b]) + "\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        raise AssertionError(f"cluster_read.py ended ({proc.wait()}): "
+                             + log.read_text()[-4000:])
+
+    try:
+        yield read
+    finally:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
+def test_distributed_readers_on_local_cluster(spark, run, cluster_reader):
+    """On local-cluster[2,1,1024] (executors in their own JVMs and Python workers) both
+    distributed readers give exactly the driver's rows."""
+    be, store, ids, _mode = run
+    got = cluster_reader(store.root, "feed", 1, ids[-1])
     for c in ids:
         want = [r.asDict(recursive=True) for r in
                 be.read_state(spark, "feed", checkpoint_id=c, distributed=False).collect()]
