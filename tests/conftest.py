@@ -91,6 +91,39 @@ def spark_no_data(spark):
     return no_data_off(spark)
 
 
+@pytest.fixture(scope="session")
+def fidelity_ours(spark, spark_no_data, tmp_path_factory):
+    """``ours(name) -> (batches, backend)``: our operator's run of a fidelity case
+    (tests/spark/fidelity_cases.py) on the classic session over ``ours.input_dir``, once
+    per pytest run. tests/spark/test_fidelity.py compares it with Spark's own operator,
+    tests/connect with ours on Connect: each case's run costs ~5-10 s of micro-batches."""
+    import pandas as pd
+    from fidelity_cases import CASE_BY_NAME, SCHEMA, WATERMARK, builders, fidelity_batches
+    from harness import run_stream, write_batches
+
+    from statebackend import RocksDBStateBackend, StateBackendOptions
+
+    root = tmp_path_factory.mktemp("fidelity-ours")
+    write_batches(str(root / "input"), fidelity_batches())
+    runs: dict[str, tuple[dict[int, Any], Any]] = {}
+
+    def ours(name: str) -> tuple[dict[int, Any], Any]:
+        if name not in runs:
+            case, work = CASE_BY_NAME[name], root / name
+            backend = RocksDBStateBackend(str(work / "state"), StateBackendOptions(
+                parallelism=2, local_dir=str(work / "local")))
+            init_df = spark.createDataFrame(pd.DataFrame(
+                {"k": ["user-1", "user-4", "nobody"], "init": [1000, 4000, 9000]}))
+            _, ours_q = builders(case, backend, init_df)
+            runs[name] = (run_stream(case.session(spark, spark_no_data), str(root / "input"),
+                                     SCHEMA, ours_q, str(work / "ck"),
+                                     WATERMARK if case.watermark else None), backend)
+        return runs[name]
+
+    ours.input_dir = str(root / "input")  # type: ignore[attr-defined]
+    return ours
+
+
 _S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

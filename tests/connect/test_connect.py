@@ -20,17 +20,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from fidelity_cases import CASE_BY_NAME, SCHEMA, WATERMARK, builders, fidelity_batches
+from fidelity_cases import fidelity_batches
 from harness import (
     assert_same,
     check_batches,
     random_batches,
-    run_stream,
     running_counts,
     write_batches,
 )
 
-from statebackend import RocksDBStateBackend, StateBackendOptions
+from statebackend import RocksDBStateBackend
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -93,28 +92,20 @@ def _rows(frame: pd.DataFrame) -> list[tuple]:
     return [tuple(_canon(v) for v in row) for row in frame.itertuples(index=False)]
 
 
-def _classic_backend(tmp_path: Path) -> RocksDBStateBackend:
-    return RocksDBStateBackend(str(tmp_path / "state"), StateBackendOptions(
-        parallelism=2, local_dir=str(tmp_path / "local")))
-
-
 @pytest.mark.parametrize("name", FIDELITY)
-def test_fidelity_case_on_connect_equals_spark_and_classic(spark, spark_no_data, tmp_path,
-                                                          connect_run, name):
+def test_fidelity_case_on_connect_equals_spark_and_classic(spark, connect_run, fidelity_ours,
+                                                          name):
     out = _result(connect_run, name)
     ours, theirs = _batches(out / "ours"), _batches(out / "theirs")
     # the 6 micro-batches with input, and any no-data micro-batch Spark ran
     assert len(theirs) >= 6 and sum(len(f) for f in theirs.values()) > 0
     # on Connect: ours gives Spark's own operator's rows in every micro-batch
     assert_same(ours, theirs)
-    # on classic: the same case gives the same rows
-    case = CASE_BY_NAME[name]
-    init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
-                                                  "init": [1000, 4000, 9000]}))
-    _, ours_q = builders(case, _classic_backend(tmp_path), init_df)
-    # the job's session: Spark's defaults, or no-data micro-batches off (Case.session)
-    classic = run_stream(case.session(spark, spark_no_data), str(connect_run / "fidelity-input"), SCHEMA, ours_q,
-                         str(tmp_path / "ck"), WATERMARK if case.watermark else None)
+    # on classic (the job's session: Spark's defaults, or no-data micro-batches off,
+    # Case.session): the same case gives the same rows; the run's one classic run of the
+    # case (conftest.fidelity_ours), which tests/spark/test_fidelity.py compares with
+    # Spark's operator on classic
+    classic, _ = fidelity_ours(name)
     assert_same(ours, classic)
     # read_state on Connect (every state as JSON, each state typed) = the classic reader's
     # rows of the state the Connect run wrote

@@ -20,7 +20,6 @@ from harness import (
     assert_same_but_empty_batches,
     recorded_plan,
     run_stream,
-    write_batches,
 )
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
@@ -29,24 +28,22 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def input_dir(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("fidelity") / "input")
-    write_batches(d, fidelity_batches())
-    return d
+def input_dir(fidelity_ours):
+    return fidelity_ours.input_dir
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_same_output_as_spark(spark, spark_no_data, tmp_path, input_dir, case: Case):
-    backend = RocksDBStateBackend(str(tmp_path / "state"),
-                                  StateBackendOptions(parallelism=2,
-                                                      local_dir=str(tmp_path / "local")))
+def test_same_output_as_spark(spark, spark_no_data, tmp_path, input_dir, fidelity_ours,
+                              case: Case):
     init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
                                                   "init": [1000, 4000, 9000]}))
-    theirs_q, ours_q = builders(case, backend, init_df)
+    # ours: the run's one classic run of the case (conftest.fidelity_ours; tests/connect
+    # compares the same run with ours on Connect)
+    theirs_q, _ = builders(case, None, init_df)
     wm = WATERMARK if case.watermark else None
-    session = case.session(spark, spark_no_data)
-    theirs = run_stream(session, input_dir, SCHEMA, theirs_q, str(tmp_path / "ck-spark"), wm)
-    ours = run_stream(session, input_dir, SCHEMA, ours_q, str(tmp_path / "ck-ours"), wm)
+    theirs = run_stream(case.session(spark, spark_no_data), input_dir, SCHEMA, theirs_q,
+                        str(tmp_path / "ck-spark"), wm)
+    ours, backend = fidelity_ours(case.name)
     assert len(theirs) >= 6, sorted(theirs)  # and any no-data micro-batch Spark ran
     assert sum(len(v) for v in theirs.values()) > 0
     if case.spark_adds_empty_batches:
