@@ -294,6 +294,22 @@ def import_from_spark(spark, work: str) -> None:
     _json(out, "meta.json", {"rows": step.rows, "entries": step.entries})
 
 
+def demo_on_its_own_session(work: str) -> None:
+    """The demo with ``--remote local[2,2]`` after the scenarios' session stopped (which
+    stops the local Connect server): the demo starts a local Connect server of its own,
+    owns its session, and releases its listener and stops the session at the end."""
+    import contextlib
+
+    from statebackend import demo
+
+    out = os.path.join(work, "results", "demo")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "stdout.txt"), "w") as f, contextlib.redirect_stdout(f):
+        code = demo.main(["--remote", "local[2,2]", "--dir", os.path.join(work, "runs", "demo"),
+                          "--batches", "3", "--events", "600", "--keys", "80"])
+    _json(out, "meta.json", {"code": code})
+
+
 def _json(out: str, name: str, value) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name), "w") as f:
@@ -311,23 +327,28 @@ def main(argv: list[str]) -> int:
                   ("supervise", lambda: supervised(spark, work)),
                   ("import", lambda: import_from_spark(spark, work))]
     only = set(argv[2:])  # names: run only these (by hand, while debugging one)
-    failed = 0
-    for name, run in scenarios:
-        if only and name not in only:
-            continue
-        try:
-            run()
-            print(f"scenario {name}: done", flush=True)
-        except Exception:  # noqa: BLE001 - every scenario runs; the test reports each
-            failed += 1
-            _json(os.path.join(work, "results", name), "error.json",
-                  {"error": traceback.format_exc()})
-            print(f"scenario {name}: FAILED\n{traceback.format_exc()}", flush=True)
+    failed = sum(not _scenario(work, name, run) for name, run in scenarios
+                 if not only or name in only)
     from statebackend.spark.listener import release
 
     release(spark)
     spark.stop()
+    # last, on a session of its own (a second local Connect server in this process)
+    if not only or "demo" in only:
+        failed += not _scenario(work, "demo", lambda: demo_on_its_own_session(work))
     return 1 if failed else 0
+
+
+def _scenario(work: str, name: str, run) -> bool:
+    try:
+        run()
+        print(f"scenario {name}: done", flush=True)
+        return True
+    except Exception:  # noqa: BLE001 - every scenario runs; the test reports each
+        _json(os.path.join(work, "results", name), "error.json",
+              {"error": traceback.format_exc()})
+        print(f"scenario {name}: FAILED\n{traceback.format_exc()}", flush=True)
+        return False
 
 
 if __name__ == "__main__":

@@ -172,16 +172,14 @@ def test_supervise_on_connect(connect_run):
     assert meta == {"starts": 1, "failures": 0, "latest": 1}
 
 
-def test_demo_on_a_connect_session(tmp_path):
-    """The demo with ``--remote``: a local Connect server, the totals checked at the end."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "statebackend.demo", "--remote", "local[2]",
-         "--dir", str(tmp_path / "demo"), "--batches", "3", "--events", "600", "--keys", "80"],
-        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
-        env={**os.environ, "SPARK_TESTING": "1"})  # a free port (see connect_job.py)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "totals match" in proc.stdout
-    assert [line.split("|")[0].strip() for line in proc.stdout.splitlines()
+def test_demo_on_a_connect_session(connect_run):
+    """The demo with ``--remote``: a local Connect server of its own (the job's last
+    scenario, after the job's session stopped), the totals checked at the end."""
+    out = _result(connect_run, "demo")
+    stdout = (out / "stdout.txt").read_text()
+    assert json.loads((out / "meta.json").read_text()) == {"code": 0}, stdout[-3000:]
+    assert "totals match" in stdout
+    assert [line.split("|")[0].strip() for line in stdout.splitlines()
             if line.startswith("batch ")] == ["batch   0", "batch   1", "batch   2"]
 
 
