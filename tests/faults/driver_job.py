@@ -14,6 +14,10 @@ own file, as an idempotent sink does). Environment:
     ``WORK_DIR/fault.json`` (what it cut) before exiting.
 ``SB_TASK_SLEEP_S``
     Seconds each task sleeps (slows micro-batches so a kill lands mid-stream).
+``SB_WAIT_FOR_GO``
+    ``1``: start the SparkSession, then wait for a line ``go`` on stdin before touching
+    the query or its state (the test starts the next driver while the previous one runs;
+    it exits without touching anything on any other line or at the end of stdin).
 
 When the run ends normally it prints one line ``RESULT <json>`` with the completed
 checkpoints (the test reads the committed state from durable storage itself).
@@ -87,6 +91,9 @@ def main(work: str) -> dict:
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    if os.environ.get("SB_WAIT_FOR_GO") == "1" and sys.stdin.readline().strip() != "go":
+        spark.stop()
+        return {"completed": None}
     import driver_procs
 
     from statebackend import RocksDBStateBackend, StateBackendOptions

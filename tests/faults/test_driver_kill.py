@@ -63,10 +63,21 @@ def _reference(data: list[pd.DataFrame]) -> tuple[dict[str, list], dict[str, int
 
 
 def _start(work: str, **env: str) -> subprocess.Popen:
+    """A driver that starts its SparkSession and waits for :func:`_go` before it touches
+    the query: the next run's Python and JVM start while the previous run is working."""
     # its own process group: a kill takes the driver's JVM (a child) along, and nothing else
     return subprocess.Popen([sys.executable, os.path.join(HERE, "driver_job.py"), work],
-                            env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            env=_env(SB_WAIT_FOR_GO="1", **env), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _go(proc: subprocess.Popen) -> subprocess.Popen:
+    """Let a driver of :func:`_start` run its query (the previous run has ended)."""
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return proc
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -145,7 +156,9 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
     fault_file = os.path.join(work, "fault.json")
 
     # run 1 dies inside the coordinator, just before the record of checkpoint 1 is written
-    code, _out, err = _reap(_start(work, SB_DRIVER_FAULT="record:1"))
+    run1 = _go(_start(work, SB_DRIVER_FAULT="record:1"))
+    run2 = _start(work, SB_DRIVER_FAULT="delete:3")
+    code, _out, err = _reap(run1)
     assert code == 137, err[-3000:]
     assert json.load(open(fault_file))["path"].endswith("_checkpoints/chk-1.json")
     assert "chk-1.json" not in _records(work) and "chk-0.json" in _records(work)
@@ -153,22 +166,25 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
 
     # run 2 completes checkpoint 1 (Spark had committed micro-batch 1) and dies in the
     # middle of a later deletion: half of one delete call's paths are gone
-    code, _out, err = _reap(_start(work, SB_DRIVER_FAULT="delete:3"))
+    _go(run2)
+    run3 = _start(work, SB_TASK_SLEEP_S="0.7")
+    code, _out, err = _reap(run2)
     assert code == 137, err[-3000:]
     assert json.load(open(fault_file))["deleted"]
     after_delete_kill = max(int(n[4:-5]) for n in _records(work))
 
     # run 3 is SIGKILLed (driver and JVM) from outside, inside a micro-batch's tasks
-    proc = _start(work, SB_TASK_SLEEP_S="0.7")
+    _go(run3)
+    run4 = _start(work)
     _wait_for(os.path.join(work, "state", OP, "_checkpoints",
-                           f"chk-{after_delete_kill + 1}.json"), proc)
+                           f"chk-{after_delete_kill + 1}.json"), run3)
     time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert _reap(proc)[0] == -signal.SIGKILL
+    os.killpg(run3.pid, signal.SIGKILL)
+    assert _reap(run3)[0] == -signal.SIGKILL
     assert max(int(b) for b in _outputs(work)) < N_BATCHES - 1
 
     # run 4, without faults, finishes from what the killed drivers left behind
-    res = _result(*_reap(_start(work)))
+    res = _result(*_reap(_go(run4)))
     ref_out, ref_state = _reference(data)
     assert _outputs(work) == ref_out
     assert res["completed"] == [N_BATCHES - 1]  # num_retained=1
