@@ -32,11 +32,30 @@ def batches(n: int = 6, seed: int = 3) -> list[pd.DataFrame]:
     }) for b in range(n)]
 
 
-@pytest.fixture
-def input_dir(tmp_path):
-    d = str(tmp_path / "input")
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("chaining")
+
+
+@pytest.fixture(scope="module")
+def input_dir(module_dir):
+    d = str(module_dir / "input")
     write_batches(d, batches())
     return d
+
+
+@pytest.fixture(scope="module")
+def spark_runs(spark, module_dir, input_dir):
+    """``theirs(name, build)``: Spark's own query ``name`` over ``input_dir``, run once per
+    module (two tests compare ours with the same Spark query)."""
+    runs: dict[str, dict[int, pd.DataFrame]] = {}
+
+    def theirs(name, build, mode="append"):
+        if name not in runs:
+            runs[name] = run_stream(spark, input_dir, SCHEMA, build,
+                                    str(module_dir / f"ck-spark-{name}"), WATERMARK, mode)
+        return runs[name]
+    return theirs
 
 
 def backend(tmp_path, **kw) -> RocksDBStateBackend:
@@ -44,9 +63,8 @@ def backend(tmp_path, **kw) -> RocksDBStateBackend:
         parallelism=2, local_dir=str(tmp_path / "local"), **kw))
 
 
-def both(spark, tmp_path, input_dir, spark_build, our_build, mode="append"):
-    theirs = run_stream(spark, input_dir, SCHEMA, spark_build, str(tmp_path / "ck-spark"),
-                        WATERMARK, mode)
+def both(spark, tmp_path, input_dir, theirs, our_build, mode="append"):
+    """``theirs``: the output of Spark's query in ours' place (:func:`spark_runs`)."""
     ours = run_stream(spark, input_dir, SCHEMA, our_build, str(tmp_path / "ck-ours"),
                       WATERMARK, mode)
     assert len(theirs) >= 6  # the 6 with input, and any no-data micro-batch Spark ran
@@ -65,12 +83,13 @@ def spark_tws(proc, schema=C.EMIT_SCHEMA):
 
 
 @pytest.mark.parametrize("placement", ["shuffle", "carrier"])
-def test_window_aggregation_after_ours(spark, tmp_path, input_dir, placement):
+def test_window_aggregation_after_ours(spark, tmp_path, input_dir, spark_runs, placement):
     # the issue's query: without the event time Spark refused the aggregation
     # ("streaming aggregations without watermark"); with it, Spark's windows
     be = backend(tmp_path, placement=placement)
     ours = both(spark, tmp_path, input_dir,
-                lambda df: window_counts(spark_tws(C.EmitLatest())(df)),
+                spark_runs("window-counts",
+                           lambda df: window_counts(spark_tws(C.EmitLatest())(df))),
                 lambda df: window_counts(be.transform_with_state(
                     df.groupBy("k"), C.EmitLatest(), C.EMIT_SCHEMA, "Append", "EventTime",
                     eventTimeColumnName="ts")))
@@ -78,23 +97,27 @@ def test_window_aggregation_after_ours(spark, tmp_path, input_dir, placement):
     assert sum(len(v) for v in ours.values()) >= 2
 
 
-def test_spark_transform_with_state_after_ours(spark, tmp_path, input_dir):
+def spark_then_spark(spark_runs):
+    """Spark's transformWithStateInPandas after Spark's: the reference of both tests below."""
+    return spark_runs("sum-after-latest", lambda df: spark_tws(C.EmitLatest())(df).groupBy(
+        "k").transformWithStateInPandas(C.SumUntilWatermark(), "k STRING, v BIGINT", "Append",
+                                        "EventTime"))
+
+
+def test_spark_transform_with_state_after_ours(spark, tmp_path, input_dir, spark_runs):
     be = backend(tmp_path)
     downstream = lambda df: df.groupBy("k").transformWithStateInPandas(  # noqa: E731
         C.SumUntilWatermark(), "k STRING, v BIGINT", "Append", "EventTime")
-    ours = both(spark, tmp_path, input_dir,
-                lambda df: downstream(spark_tws(C.EmitLatest())(df)),
+    ours = both(spark, tmp_path, input_dir, spark_then_spark(spark_runs),
                 lambda df: downstream(be.transform_with_state(
                     df.groupBy("k"), C.EmitLatest(), C.EMIT_SCHEMA, "Append", "EventTime",
                     eventTimeColumnName="ts")))
     assert sum(len(v) for v in ours.values()) > 0  # the downstream timers fired
 
 
-def test_our_transform_with_state_after_ours(spark, tmp_path, input_dir):
+def test_our_transform_with_state_after_ours(spark, tmp_path, input_dir, spark_runs):
     be = backend(tmp_path)
-    ours = both(spark, tmp_path, input_dir,
-                lambda df: spark_tws(C.EmitLatest())(df).groupBy("k").transformWithStateInPandas(
-                    C.SumUntilWatermark(), "k STRING, v BIGINT", "Append", "EventTime"),
+    ours = both(spark, tmp_path, input_dir, spark_then_spark(spark_runs),
                 lambda df: be.transform_with_state(
                     be.transform_with_state(df.groupBy("k"), C.EmitLatest(), C.EMIT_SCHEMA,
                                             "Append", "EventTime", eventTimeColumnName="ts",
@@ -104,12 +127,14 @@ def test_our_transform_with_state_after_ours(spark, tmp_path, input_dir):
     assert sum(len(v) for v in ours.values()) > 0
 
 
-def test_output_at_the_watermark_is_allowed_as_by_spark(spark, tmp_path, input_dir):
+def test_output_at_the_watermark_is_allowed_as_by_spark(spark, tmp_path, input_dir,
+                                                        spark_runs):
     # Spark compares output with the watermark for late events (the previous batch's):
     # a row timed at the current watermark passes, and the aggregation counts it
     be = backend(tmp_path)
     ours = both(spark, tmp_path, input_dir,
-                lambda df: window_counts(spark_tws(C.EmitAtWatermark())(df)),
+                spark_runs("window-counts-at-watermark",
+                           lambda df: window_counts(spark_tws(C.EmitAtWatermark())(df))),
                 lambda df: window_counts(be.transform_with_state(
                     df.groupBy("k"), C.EmitAtWatermark(), C.EMIT_SCHEMA, "Append",
                     "EventTime", eventTimeColumnName="ts")))
