@@ -64,19 +64,45 @@ def run_stream(spark, input_dir: str, schema: str, build: Callable, checkpoint_d
     """Run ``build(stream_df) -> result_df`` over the files, one file per micro-batch; returns
     each micro-batch's output sorted, keyed by batch id (``out``: the dict to fill, which
     keeps the batches before a failure)."""
+    out = {} if out is None else out
+    _start(spark, input_dir, schema, build, checkpoint_dir, watermark, output_mode,
+           out).awaitTermination()
+    return out
+
+
+def run_streams(spark, input_dir: str, schema: str, builds: dict[str, tuple[Callable, str]],
+                watermark: tuple[str, str] | None = None, output_mode: str = "update"
+                ) -> dict[str, dict[int, pd.DataFrame]]:
+    """:func:`run_stream` of several queries over the same files, at the same time: ``builds``
+    maps a name to ``(build, checkpoint_dir)``; returns each one's output by name. The
+    queries share nothing but the session and the input (Spark's and ours side by side: a
+    small micro-batch mostly waits on its driver, so two overlap well on two cores)."""
+    outs: dict[str, dict[int, pd.DataFrame]] = {name: {} for name in builds}
+    queries = []
+    try:
+        for name, (build, ck) in builds.items():
+            queries.append(_start(spark, input_dir, schema, build, ck, watermark, output_mode,
+                                  outs[name]))
+        for q in queries:
+            q.awaitTermination()
+    finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
+    return outs
+
+
+def _start(spark, input_dir, schema, build, checkpoint_dir, watermark, output_mode, out):
     df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)
     if watermark is not None:
         df = df.withWatermark(*watermark)
-    out = {} if out is None else out
 
     def collect(batch_df, batch_id):
         pdf = batch_df.toPandas()
         out[batch_id] = pdf.sort_values(list(pdf.columns)).reset_index(drop=True)
 
-    q = (build(df).writeStream.foreachBatch(collect).outputMode(output_mode)
-         .option("checkpointLocation", checkpoint_dir).trigger(availableNow=True).start())
-    q.awaitTermination()
-    return out
+    return (build(df).writeStream.foreachBatch(collect).outputMode(output_mode)
+            .option("checkpointLocation", checkpoint_dir).trigger(availableNow=True).start())
 
 
 def assert_same(ours: dict[int, pd.DataFrame], theirs: dict[int, pd.DataFrame]) -> None:

@@ -9,7 +9,13 @@ import numpy as np
 import pandas as pd
 import processors as P
 import pytest
-from harness import assert_same, never_ends_under_defaults, run_stream, write_batches
+from harness import (
+    assert_same,
+    never_ends_under_defaults,
+    run_stream,
+    run_streams,
+    write_batches,
+)
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -51,8 +57,10 @@ def sliding_dir(tmp_path):
 
 
 def both(spark, tmp_path, stream_dir, spark_build, our_build, watermark=None):
-    theirs = run_stream(spark, stream_dir, SCHEMA, spark_build, str(tmp_path / "ck-spark"), watermark)
-    ours = run_stream(spark, stream_dir, SCHEMA, our_build, str(tmp_path / "ck-ours"), watermark)
+    runs = run_streams(spark, stream_dir, SCHEMA, {
+        "theirs": (spark_build, str(tmp_path / "ck-spark")),
+        "ours": (our_build, str(tmp_path / "ck-ours"))}, watermark)
+    theirs, ours = runs["theirs"], runs["ours"]
     assert len(theirs) >= 4
     assert sum(len(v) for v in theirs.values()) > 0
     assert_same(ours, theirs)
