@@ -92,36 +92,39 @@ def spark_no_data(spark):
 
 
 @pytest.fixture(scope="session")
-def fidelity_ours(spark, spark_no_data, tmp_path_factory):
-    """``ours(name) -> (batches, backend)``: our operator's run of a fidelity case
-    (tests/spark/fidelity_cases.py) on the classic session over ``ours.input_dir``, once
-    per pytest run. tests/spark/test_fidelity.py compares it with Spark's own operator,
-    tests/connect with ours on Connect: each case's run costs ~5-10 s of micro-batches."""
+def fidelity_classic(spark, spark_no_data, tmp_path_factory):
+    """``runs(name) -> (ours, theirs, backend)``: a fidelity case
+    (tests/spark/fidelity_cases.py) run on the classic session over ``runs.input_dir``,
+    ours and Spark's own operator side by side, once per pytest run.
+    tests/spark/test_fidelity.py compares the two, tests/connect ours with ours on
+    Connect: each case costs ~10 s of micro-batches."""
     import pandas as pd
     from fidelity_cases import CASE_BY_NAME, SCHEMA, WATERMARK, builders, fidelity_batches
-    from harness import run_stream, write_batches
+    from harness import run_streams, write_batches
 
     from statebackend import RocksDBStateBackend, StateBackendOptions
 
-    root = tmp_path_factory.mktemp("fidelity-ours")
+    root = tmp_path_factory.mktemp("fidelity-classic")
     write_batches(str(root / "input"), fidelity_batches())
-    runs: dict[str, tuple[dict[int, Any], Any]] = {}
+    done: dict[str, tuple[dict[int, Any], dict[int, Any], Any]] = {}
 
-    def ours(name: str) -> tuple[dict[int, Any], Any]:
-        if name not in runs:
+    def runs(name: str) -> tuple[dict[int, Any], dict[int, Any], Any]:
+        if name not in done:
             case, work = CASE_BY_NAME[name], root / name
             backend = RocksDBStateBackend(str(work / "state"), StateBackendOptions(
                 parallelism=2, local_dir=str(work / "local")))
             init_df = spark.createDataFrame(pd.DataFrame(
                 {"k": ["user-1", "user-4", "nobody"], "init": [1000, 4000, 9000]}))
-            _, ours_q = builders(case, backend, init_df)
-            runs[name] = (run_stream(case.session(spark, spark_no_data), str(root / "input"),
-                                     SCHEMA, ours_q, str(work / "ck"),
-                                     WATERMARK if case.watermark else None), backend)
-        return runs[name]
+            theirs_q, ours_q = builders(case, backend, init_df)
+            out = run_streams(case.session(spark, spark_no_data), str(root / "input"), SCHEMA,
+                              {"ours": (ours_q, str(work / "ck-ours")),
+                               "theirs": (theirs_q, str(work / "ck-spark"))},
+                              WATERMARK if case.watermark else None)
+            done[name] = (out["ours"], out["theirs"], backend)
+        return done[name]
 
-    ours.input_dir = str(root / "input")  # type: ignore[attr-defined]
-    return ours
+    runs.input_dir = str(root / "input")  # type: ignore[attr-defined]
+    return runs
 
 
 _S3_ENV = {

@@ -93,8 +93,8 @@ def _rows(frame: pd.DataFrame) -> list[tuple]:
 
 
 @pytest.mark.parametrize("name", FIDELITY)
-def test_fidelity_case_on_connect_equals_spark_and_classic(spark, connect_run, fidelity_ours,
-                                                          name):
+def test_fidelity_case_on_connect_equals_spark_and_classic(spark, connect_run,
+                                                          fidelity_classic, name):
     out = _result(connect_run, name)
     ours, theirs = _batches(out / "ours"), _batches(out / "theirs")
     # the 6 micro-batches with input, and any no-data micro-batch Spark ran
@@ -103,9 +103,9 @@ def test_fidelity_case_on_connect_equals_spark_and_classic(spark, connect_run, f
     assert_same(ours, theirs)
     # on classic (the job's session: Spark's defaults, or no-data micro-batches off,
     # Case.session): the same case gives the same rows; the run's one classic run of the
-    # case (conftest.fidelity_ours), which tests/spark/test_fidelity.py compares with
+    # case (conftest.fidelity_classic), which tests/spark/test_fidelity.py compares with
     # Spark's operator on classic
-    classic, _ = fidelity_ours(name)
+    classic, _, _ = fidelity_classic(name)
     assert_same(ours, classic)
     # read_state on Connect (every state as JSON, each state typed) = the classic reader's
     # rows of the state the Connect run wrote

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fidelity_procs as F
 import pandas as pd
 import pytest
-from fidelity_cases import CASES, OUT, SCHEMA, WATERMARK, Case, builders, fidelity_batches
+from fidelity_cases import CASES, OUT, SCHEMA, Case, fidelity_batches
 from harness import (
     assert_same,
     assert_same_but_empty_batches,
@@ -28,22 +28,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def input_dir(fidelity_ours):
-    return fidelity_ours.input_dir
+def input_dir(fidelity_classic):
+    return fidelity_classic.input_dir
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_same_output_as_spark(spark, spark_no_data, tmp_path, input_dir, fidelity_ours,
-                              case: Case):
-    init_df = spark.createDataFrame(pd.DataFrame({"k": ["user-1", "user-4", "nobody"],
-                                                  "init": [1000, 4000, 9000]}))
-    # ours: the run's one classic run of the case (conftest.fidelity_ours; tests/connect
-    # compares the same run with ours on Connect)
-    theirs_q, _ = builders(case, None, init_df)
-    wm = WATERMARK if case.watermark else None
-    theirs = run_stream(case.session(spark, spark_no_data), input_dir, SCHEMA, theirs_q,
-                        str(tmp_path / "ck-spark"), wm)
-    ours, backend = fidelity_ours(case.name)
+def test_same_output_as_spark(fidelity_classic, case: Case):
+    # both runs: the pytest run's one classic run of the case, ours and Spark's side by
+    # side (conftest.fidelity_classic; tests/connect compares ours with ours on Connect)
+    ours, theirs, backend = fidelity_classic(case.name)
     assert len(theirs) >= 6, sorted(theirs)  # and any no-data micro-batch Spark ran
     assert sum(len(v) for v in theirs.values()) > 0
     if case.spark_adds_empty_batches:
