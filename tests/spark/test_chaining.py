@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import processors as P
 import pytest
-from harness import assert_same, run_stream, write_batches
+from harness import assert_same, run_stream, run_streams, write_batches
 from pyspark.sql import functions as F
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
@@ -260,15 +260,14 @@ def around(spark, tmp_path, input_dir, before, mode="update"):
     # the operator's mode follows the query's (the carrier plan cannot run an Update
     # operator in an Append query, which Spark's own operator can)
     op_mode = "Append" if mode == "append" else "Update"
-    theirs = run_stream(spark, input_dir, AROUND_SCHEMA,
-                        lambda df: before(df).groupBy("k").transformWithStateInPandas(
-                            P.EventTimer(), "k STRING, v BIGINT", op_mode, "EventTime"),
-                        str(tmp_path / "ck-spark"), WATERMARK, mode)
-    ours = run_stream(spark, input_dir, AROUND_SCHEMA,
-                      lambda df: be.transform_with_state(
-                          before(df).groupBy("k"), P.EventTimer(), "k STRING, v BIGINT",
-                          op_mode, "EventTime"),
-                      str(tmp_path / "ck-ours"), WATERMARK, mode)
+    runs = run_streams(spark, input_dir, AROUND_SCHEMA, {
+        "theirs": (lambda df: before(df).groupBy("k").transformWithStateInPandas(
+            P.EventTimer(), "k STRING, v BIGINT", op_mode, "EventTime"),
+            str(tmp_path / "ck-spark")),
+        "ours": (lambda df: be.transform_with_state(
+            before(df).groupBy("k"), P.EventTimer(), "k STRING, v BIGINT", op_mode,
+            "EventTime"), str(tmp_path / "ck-ours"))}, WATERMARK, mode)
+    theirs, ours = runs["theirs"], runs["ours"]
     assert len(theirs) >= 6  # the 6 with input, and any no-data micro-batch Spark ran
     assert_same(ours, theirs)
     assert sum(len(v) for v in ours.values()) > 0  # timers fired on the watermark

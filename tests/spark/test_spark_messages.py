@@ -14,7 +14,7 @@ from __future__ import annotations
 import fidelity_procs as F
 import pandas as pd
 import pytest
-from harness import run_stream, write_batches
+from harness import run_stream, run_streams, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -71,8 +71,10 @@ def test_state_misuse_same_as_spark(spark, tmp_path, input_dir, flavour):
             F.MisusedStates(), OUT, "Update", "None")
         ours_q = lambda df: backend.transform_with_state(  # noqa: E731
             df.groupBy("k"), F.MisusedStates(), OUT, "Update", "None")
-    theirs = run_stream(spark, input_dir, SCHEMA, theirs_q, str(tmp_path / "ck-spark"))
-    ours = run_stream(spark, input_dir, SCHEMA, ours_q, str(tmp_path / "ck-ours"))
+    runs = run_streams(spark, input_dir, SCHEMA, {
+        "theirs": (theirs_q, str(tmp_path / "ck-spark")),
+        "ours": (ours_q, str(tmp_path / "ck-ours"))})
+    theirs, ours = runs["theirs"], runs["ours"]
     calls = len(set(theirs[0]["v"]))
     assert calls > 60
     assert _compare(ours, theirs) == 4 * calls  # keys a, b in batch 0; b, c in batch 1
