@@ -69,13 +69,25 @@ def run_stream(spark, input_dir: str, schema: str, build, checkpoint_dir: str, o
     which executes its DataFrame outside the streaming query, where Spark gives tasks no
     micro-batch id (our operator refuses to run there, statebackend.task.context). Spark's
     own operators go through foreachBatch (the server pickles each batch's rows)."""
-    os.makedirs(out_dir, exist_ok=True)
-    data = os.path.join(checkpoint_dir + "-out")
-    q = (build(_source(spark, input_dir, schema, watermark)).writeStream.format("parquet")
-         .option("path", data).option("checkpointLocation", checkpoint_dir)
-         .trigger(availableNow=True).start())
+    q = start_stream(spark, input_dir, schema, build, checkpoint_dir, watermark)
     q.awaitTermination()
-    log = os.path.join(data, "_spark_metadata")
+    pickle_output(checkpoint_dir, out_dir)
+    return q
+
+
+def start_stream(spark, input_dir: str, schema: str, build, checkpoint_dir: str,
+                 watermark=None):
+    """The query of :func:`run_stream`, started."""
+    return (build(_source(spark, input_dir, schema, watermark)).writeStream.format("parquet")
+            .option("path", checkpoint_dir + "-out")
+            .option("checkpointLocation", checkpoint_dir).trigger(availableNow=True).start())
+
+
+def pickle_output(checkpoint_dir: str, out_dir: str) -> None:
+    """Each micro-batch's rows of an ended :func:`start_stream` query, from the files its
+    sink log lists, pickled to ``out_dir/<batch>.pkl``."""
+    os.makedirs(out_dir, exist_ok=True)
+    log = os.path.join(checkpoint_dir + "-out", "_spark_metadata")
     columns = None
     frames = {}
     for name in sorted(os.listdir(log)):
@@ -93,12 +105,18 @@ def run_stream(spark, input_dir: str, schema: str, build, checkpoint_dir: str, o
         if frame is None:
             frame = pd.DataFrame({c: [] for c in columns or []})
         frame.to_pickle(os.path.join(out_dir, f"{batch}.pkl"))
-    return q
 
 
 def run_theirs(spark, input_dir: str, schema: str, build, checkpoint_dir: str, out_dir: str,
                watermark=None):
     """Spark's own operator, each micro-batch's rows pickled by the server's foreachBatch."""
+    start_theirs(spark, input_dir, schema, build, checkpoint_dir, out_dir,
+                 watermark).awaitTermination()
+
+
+def start_theirs(spark, input_dir: str, schema: str, build, checkpoint_dir: str,
+                 out_dir: str, watermark=None):
+    """The query of :func:`run_theirs`, started."""
     os.makedirs(out_dir, exist_ok=True)
 
     def sink(batch_df, batch_id):
@@ -106,10 +124,9 @@ def run_theirs(spark, input_dir: str, schema: str, build, checkpoint_dir: str, o
 
         batch_df.toPandas().to_pickle(_os.path.join(out_dir, f"{batch_id}.pkl"))
 
-    q = (build(_source(spark, input_dir, schema, watermark)).writeStream.foreachBatch(sink)
-         .outputMode("update").option("checkpointLocation", checkpoint_dir)
-         .trigger(availableNow=True).start())
-    q.awaitTermination()
+    return (build(_source(spark, input_dir, schema, watermark)).writeStream.foreachBatch(sink)
+            .outputMode("update").option("checkpointLocation", checkpoint_dir)
+            .trigger(availableNow=True).start())
 
 
 def backend_for(root: str, **options):
@@ -138,13 +155,22 @@ def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     # a Connect session has no newSession)
     if never_ends_under_defaults(case.mode):
         spark.conf.set(NO_DATA_BATCHES, "false")
+    # Spark's query and ours side by side (each mostly waits on the server's driver)
+    queries = []
     try:
-        run_theirs(spark, input_dir, FSCHEMA, theirs_q, os.path.join(root, "ck-spark"),
-                   os.path.join(out, "theirs"), wm)
-        run_stream(spark, input_dir, FSCHEMA, ours_q, os.path.join(root, "ck-ours"),
-                   os.path.join(out, "ours"), wm)
+        queries.append(start_theirs(spark, input_dir, FSCHEMA, theirs_q,
+                                    os.path.join(root, "ck-spark"), os.path.join(out, "theirs"),
+                                    wm))
+        queries.append(start_stream(spark, input_dir, FSCHEMA, ours_q,
+                                    os.path.join(root, "ck-ours"), wm))
+        for q in queries:
+            q.awaitTermination()
     finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
         spark.conf.unset(NO_DATA_BATCHES)
+    pickle_output(os.path.join(root, "ck-ours"), os.path.join(out, "ours"))
     backend.complete()
     # the state as Connect reads it: every state as JSON, and each state typed (timestamps
     # and maps take Connect's own conversion path)
