@@ -14,7 +14,7 @@ import json
 
 import feed_procs as F
 import pytest
-from harness import random_batches, run_stream, write_batches
+from harness import random_batches, run_streams, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import StateError
@@ -30,28 +30,38 @@ BATCHES = 7
 STATES = ["_timers", "count", "items", "last", "m"]
 
 
-@pytest.fixture(scope="module", params=["incremental", "changelog"])
-def run(spark_no_data, tmp_path_factory, request):
+@pytest.fixture(scope="module")
+def runs(spark_no_data, tmp_path_factory):
+    """The query in each checkpoint mode, both at once over the same input (run_streams);
+    per mode ``(backend, store, checkpoint ids, mode)``."""
     # ProcessingTime mode (the TTL'd state): under availableNow the query could not end
     # with no-data micro-batches on (conftest.spark_no_data)
     spark = spark_no_data
-    root = tmp_path_factory.mktemp(f"feed-{request.param}")
+    root = tmp_path_factory.mktemp("feed")
     write_batches(str(root / "in"), random_batches(BATCHES, seed=26, rows=40, keys=30))
     # every checkpoint retained; changelog mode materializes every third batch, so some
     # pairs of checkpoints share a base (changelogs) and others do not (comparison)
-    be = RocksDBStateBackend(str(root / "state"), StateBackendOptions(
-        parallelism=2, local_dir=str(root / "local"), num_retained=BATCHES + 1,
-        checkpoint_mode=request.param, materialize_interval=3, materialize_inline_ratio=0))
-    run_stream(spark, str(root / "in"), SCHEMA,
-               lambda df: be.transform_with_state(df.groupBy("k"), F.FeedStates(), OUT,
-                                                  "Update", "ProcessingTime",
-                                                  operator_id="feed"),
-               str(root / "ck"))
-    be.complete()
-    store = open_store(str(root / "state"))
-    ids = [c.checkpoint_id for c in be.coordinator("feed").list_completed()]
-    assert ids == list(range(BATCHES))
-    return be, store, ids, request.param
+    backends = {mode: RocksDBStateBackend(str(root / mode / "state"), StateBackendOptions(
+        parallelism=2, local_dir=str(root / mode / "local"), num_retained=BATCHES + 1,
+        checkpoint_mode=mode, materialize_interval=3, materialize_inline_ratio=0))
+        for mode in ("incremental", "changelog")}
+    run_streams(spark, str(root / "in"), SCHEMA, {
+        mode: (lambda df, be=be: be.transform_with_state(
+            df.groupBy("k"), F.FeedStates(), OUT, "Update", "ProcessingTime",
+            operator_id="feed"), str(root / mode / "ck"))
+        for mode, be in backends.items()})
+    out = {}
+    for mode, be in backends.items():
+        be.complete()
+        ids = [c.checkpoint_id for c in be.coordinator("feed").list_completed()]
+        assert ids == list(range(BATCHES))
+        out[mode] = (be, open_store(str(root / mode / "state")), ids, mode)
+    return out
+
+
+@pytest.fixture(scope="module", params=["incremental", "changelog"])
+def run(runs, request):
+    return runs[request.param]
 
 
 def _kinds(store, ckpt):
