@@ -72,6 +72,23 @@ def _start(work: str, **env: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+@pytest.fixture
+def start():
+    """:func:`_start`; at teardown, any driver still waiting for its ``go`` (a failed
+    assertion) is killed with its JVM."""
+    procs: list[subprocess.Popen] = []
+
+    def start_driver(work: str, **env: str) -> subprocess.Popen:
+        procs.append(_start(work, **env))
+        return procs[-1]
+
+    yield start_driver
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _go(proc: subprocess.Popen) -> subprocess.Popen:
     """Let a driver of :func:`_start` run its query (the previous run has ended)."""
     assert proc.stdin is not None
@@ -147,7 +164,7 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 240) -> None:
     assert proc.poll() is None, "the query ended before it could be killed"
 
 
-def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
+def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path, start):
     """Four driver runs over one query: killed just before writing a completed record,
     killed halfway through a deletion, SIGKILLed from outside mid-stream, then a run
     without faults that finishes exactly once."""
@@ -156,8 +173,8 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
     fault_file = os.path.join(work, "fault.json")
 
     # run 1 dies inside the coordinator, just before the record of checkpoint 1 is written
-    run1 = _go(_start(work, SB_DRIVER_FAULT="record:1"))
-    run2 = _start(work, SB_DRIVER_FAULT="delete:3")
+    run1 = _go(start(work, SB_DRIVER_FAULT="record:1"))
+    run2 = start(work, SB_DRIVER_FAULT="delete:3")
     code, _out, err = _reap(run1)
     assert code == 137, err[-3000:]
     assert json.load(open(fault_file))["path"].endswith("_checkpoints/chk-1.json")
@@ -167,7 +184,7 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
     # run 2 completes checkpoint 1 (Spark had committed micro-batch 1) and dies in the
     # middle of a later deletion: half of one delete call's paths are gone
     _go(run2)
-    run3 = _start(work, SB_TASK_SLEEP_S="0.7")
+    run3 = start(work, SB_TASK_SLEEP_S="0.7")
     code, _out, err = _reap(run2)
     assert code == 137, err[-3000:]
     assert json.load(open(fault_file))["deleted"]
@@ -175,7 +192,7 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path):
 
     # run 3 is SIGKILLed (driver and JVM) from outside, inside a micro-batch's tasks
     _go(run3)
-    run4 = _start(work)
+    run4 = start(work)
     _wait_for(os.path.join(work, "state", OP, "_checkpoints",
                            f"chk-{after_delete_kill + 1}.json"), run3)
     time.sleep(0.5)
