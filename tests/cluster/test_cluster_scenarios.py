@@ -11,7 +11,7 @@ import pandas as pd
 import processors as P
 import pytest
 from cluster_job import run_job
-from harness import random_batches, run_stream, running_counts, write_batches
+from harness import random_batches, run_stream, run_streams, running_counts, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -132,9 +132,25 @@ def test_processing_time_timers(cluster, spark_no_data, tmp_path):
     check_restores(cluster["processing_timer"], len(SLIDING))
 
 
-def test_event_time_timers(cluster, spark, tmp_path):
-    ref = local_reference(spark, tmp_path, lambda be, df: be.transform_with_state(
-        df.groupBy("k"), P.EventTimer(), OUT, "Update", "EventTime", operator_id="t"))
+@pytest.fixture(scope="module")
+def event_time_references(spark, tmp_path_factory) -> dict[str, dict[int, pd.DataFrame]]:
+    """The event-time timer and timeout queries, failure-free on the local[2] session, both
+    at once over the same input (run_streams)."""
+    tmp = tmp_path_factory.mktemp("event-time-references")
+    write_batches(str(tmp / "in"), SLIDING)
+    be = {name: RocksDBStateBackend(str(tmp / name / "state"), StateBackendOptions(
+        parallelism=2, local_dir=str(tmp / name / "local"))) for name in ("timer", "timeout")}
+    return run_streams(spark, str(tmp / "in"), SCHEMA, {
+        "timer": (lambda df: be["timer"].transform_with_state(
+            df.groupBy("k"), P.EventTimer(), OUT, "Update", "EventTime", operator_id="t"),
+            str(tmp / "timer" / "ck")),
+        "timeout": (lambda df: be["timeout"].apply_in_pandas_with_state(
+            df.groupBy("k"), P.event_timeout_fn, OUT, "s BIGINT", "Update", P.EVENT_TIMEOUT,
+            operator_id="t"), str(tmp / "timeout" / "ck"))}, ("ts", "5 seconds"))
+
+
+def test_event_time_timers(cluster, event_time_references):
+    ref = event_time_references["timer"]
     assert sum(len(v) for v in ref.values()) > 0  # some timers fired
     same_output(cluster["event_timer"]["out"], ref)
     # Spark's defaults: no-data micro-batches after the files, in both runs
@@ -142,10 +158,8 @@ def test_event_time_timers(cluster, spark, tmp_path):
     check_restores(cluster["event_timer"], len(ref))
 
 
-def test_event_time_timeouts(cluster, spark, tmp_path):
-    ref = local_reference(spark, tmp_path, lambda be, df: be.apply_in_pandas_with_state(
-        df.groupBy("k"), P.event_timeout_fn, OUT, "s BIGINT", "Update", P.EVENT_TIMEOUT,
-        operator_id="t"))
+def test_event_time_timeouts(cluster, event_time_references):
+    ref = event_time_references["timeout"]
     assert any((v["v"] < 0).any() for v in ref.values())  # some keys timed out
     same_output(cluster["event_timeout"]["out"], ref)
     # Spark's defaults: no-data micro-batches after the files, in both runs
