@@ -8,10 +8,10 @@ range were rewritten after its batch, on average half a rotation: ``1 + cN/2`` r
 for the same bytes written (``1 + 1/(cN)`` of the changed bytes), which is what lets a count
 near ``0.5/c`` meet both 3x written and ~1.3x referenced.
 
-A batch that wrote records cuts its changelog into pieces over key-group ranges aligned
-with the rotation (:func:`piece_ranges`: :data:`PIECES` groups of the slices by their next
-turn, none for the slice the batch rewrote) (:func:`split_changelog`); writes and range deletes go to the pieces of
-their key groups, a column family dropped goes to every piece (the writes to it before the
+A batch that wrote records cuts its changelog (:func:`split_changelog`) into pieces over
+key-group ranges aligned with the rotation (:func:`piece_ranges`: :data:`PIECES` groups of
+the slices by their next turn, none for the slice the batch rewrote); writes and range
+deletes go to the pieces of their key groups, a column family dropped goes to every piece (the writes to it before the
 drop are dead and left out, so each piece holds at most one drop per column family and its
 writes after it), and the global column families' records to none (the batch's global unit
 holds them). A batch that wrote nothing leaves one empty piece over the whole range, so
