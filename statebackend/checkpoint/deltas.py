@@ -43,6 +43,7 @@ from .changelog import (
 from .slices import (
     GLOBAL_COLUMN_FAMILIES,
     Coverage,
+    by_turn,
     covering,
     kg_end,
     kg_of,
@@ -74,8 +75,7 @@ def piece_ranges(key_group_range: tuple[int, int], n: int, versions: dict[int, i
     todo = [r for r in slice_ranges(key_group_range, n) if r not in done]
     if not todo:
         return []
-    order = sorted(todo, key=lambda r: (min(versions.get(kg, -1)
-                                            for kg in range(r[0], r[1] + 1)), r[0]))
+    order = by_turn(todo, versions)
     groups = min(PIECES, len(order))
     runs: list[tuple[int, int]] = []
     for g in range(groups):

@@ -7,6 +7,7 @@ or partial state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -429,22 +430,25 @@ def _ingest_downloaded(instance: RocksDBInstance, store: DurableStore,
     try:
         for group, nbytes in downloads:
             total += nbytes
-            try:
+            with _naming(manifest):
                 sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in group],
                                 clear=clear)
-            except CorruptStateError as exc:
-                exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
-                exc.path = manifest.path
-                raise
     finally:
         downloads.close()
-    try:
+    with _naming(manifest):
         sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
-    except CorruptStateError as exc:
-        exc.checkpoint_id, exc.partition, exc.path = (manifest.checkpoint_id,
-                                                      manifest.partition, manifest.path)
-        raise
     return total
+
+
+@contextlib.contextmanager
+def _naming(manifest: PartitionManifest) -> Iterator[None]:
+    """A corruption found in the state put in place is the manifest's: name it."""
+    try:
+        yield
+    except CorruptStateError as exc:
+        exc.checkpoint_id, exc.partition = manifest.checkpoint_id, manifest.partition
+        exc.path = manifest.path
+        raise
 
 
 def _replay_pieces(instance: RocksDBInstance, fetched: Iterator[tuple], cover: Coverage,

@@ -72,10 +72,15 @@ def due_ranges(key_group_range: tuple[int, int], n: int, versions: dict[int, int
     ties go to the first), so a batch that rewrote none (it changed nothing) delays no
     slice's turn. The same answer on every attempt of the batch."""
     ranges = slice_ranges(key_group_range, n)
-    if rewrite_all:
-        return ranges
-    return [min(ranges, key=lambda r: min(versions.get(kg, -1)
-                                          for kg in range(r[0], r[1] + 1)))]
+    return ranges if rewrite_all else by_turn(ranges, versions)[:1]
+
+
+def by_turn(ranges: Sequence[tuple[int, int]], versions: dict[int, int]
+            ) -> list[tuple[int, int]]:
+    """``ranges`` in the order they are rewritten next: oldest unit first (a range's age
+    is its oldest key group's), ties in key order."""
+    return sorted(ranges, key=lambda r: (min(versions.get(kg, -1)
+                                             for kg in range(r[0], r[1] + 1)), r[0]))
 
 
 AUTO_SLICES = 32

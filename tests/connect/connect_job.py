@@ -139,7 +139,7 @@ def backend_for(root: str, **options):
 def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     from fidelity_cases import CASE_BY_NAME, WATERMARK, builders
     from fidelity_cases import SCHEMA as FSCHEMA
-    from harness import NO_DATA_BATCHES, never_ends_under_defaults
+    from harness import NO_DATA_BATCHES, never_ends_under_defaults, run_together
 
     case = CASE_BY_NAME[name]
     root = os.path.join(work, "runs", name)
@@ -156,19 +156,14 @@ def fidelity(spark, work: str, input_dir: str, name: str) -> None:
     if never_ends_under_defaults(case.mode):
         spark.conf.set(NO_DATA_BATCHES, "false")
     # Spark's query and ours side by side (each mostly waits on the server's driver)
-    queries = []
     try:
-        queries.append(start_theirs(spark, input_dir, FSCHEMA, theirs_q,
-                                    os.path.join(root, "ck-spark"), os.path.join(out, "theirs"),
-                                    wm))
-        queries.append(start_stream(spark, input_dir, FSCHEMA, ours_q,
-                                    os.path.join(root, "ck-ours"), wm))
-        for q in queries:
-            q.awaitTermination()
+        run_together([
+            lambda: start_theirs(spark, input_dir, FSCHEMA, theirs_q,
+                                 os.path.join(root, "ck-spark"), os.path.join(out, "theirs"),
+                                 wm),
+            lambda: start_stream(spark, input_dir, FSCHEMA, ours_q,
+                                 os.path.join(root, "ck-ours"), wm)])
     finally:
-        for q in queries:
-            if q.isActive:
-                q.stop()
         spark.conf.unset(NO_DATA_BATCHES)
     pickle_output(os.path.join(root, "ck-ours"), os.path.join(out, "ours"))
     backend.complete()

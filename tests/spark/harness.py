@@ -78,18 +78,25 @@ def run_streams(spark, input_dir: str, schema: str, builds: dict[str, tuple[Call
     queries share nothing but the session and the input (Spark's and ours side by side: a
     small micro-batch mostly waits on its driver, so two overlap well on two cores)."""
     outs: dict[str, dict[int, pd.DataFrame]] = {name: {} for name in builds}
+    run_together([lambda name=name, build=build, ck=ck: _start(
+        spark, input_dir, schema, build, ck, watermark, output_mode, outs[name])
+        for name, (build, ck) in builds.items()])
+    return outs
+
+
+def run_together(starts: list[Callable]) -> None:
+    """Start every query (each of ``starts`` starts one and returns it), then wait for all
+    to end; whatever happens, stop those still active."""
     queries = []
     try:
-        for name, (build, ck) in builds.items():
-            queries.append(_start(spark, input_dir, schema, build, ck, watermark, output_mode,
-                                  outs[name]))
+        for start in starts:
+            queries.append(start())
         for q in queries:
             q.awaitTermination()
     finally:
         for q in queries:
             if q.isActive:
                 q.stop()
-    return outs
 
 
 def _start(spark, input_dir, schema, build, checkpoint_dir, watermark, output_mode, out):
