@@ -396,8 +396,8 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
     local = sl.fetch_unit_paths(manifest, units, scratch)
     # the pieces: small and many, read many at once (each costs the store's latency, not
     # its bandwidth; fewer while the units download), in batch order, by a thread of
-    # their own from now on, which also merges the first ones into SST files (dl.Merged):
-    # all while the units download
+    # their own from now on, which also merges them into SST files (dl.Merged): all
+    # while the units download
     units_in = threading.Event()
     fetched = _Ahead(dl.merged_ahead(pieces, _fetched_ahead(
         store, manifest, None, piece_files,
@@ -468,8 +468,9 @@ def _naming(manifest: PartitionManifest) -> Iterator[None]:
 
 def _replay_pieces(instance: RocksDBInstance, fetched: Iterator[tuple], cover: Coverage,
                    units: Sequence[SliceRef], where: tuple[int, int]) -> int:
-    """Apply what :func:`~.deltas.merged_ahead` yields: the merged pieces at once, then
-    the others one by one; returns their bytes."""
+    """Apply what :func:`~.deltas.merged_ahead` yields, in order: each merge of pieces at
+    once (its SST files ingested), each piece of another kind replayed; returns their
+    bytes."""
     from . import deltas as dl
 
     total = 0

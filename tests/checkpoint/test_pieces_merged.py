@@ -1,7 +1,8 @@
-"""A restore merges the first pieces of a rolling partition while its units download
+"""A restore merges the pieces of a rolling partition while its units download
 (statebackend.checkpoint.deltas.Merged: the latest write of each key whose unit is older),
-up to a bound of bytes and up to the first piece holding a range delete or a dropped column
-family; the pieces after it replay one by one. Either way the state is the model's."""
+each merge within a bound of bytes and written as SST files; a piece holding a range delete
+or a dropped column family is replayed alone between the merges before and after it.
+Either way the state is the model's."""
 
 from __future__ import annotations
 
@@ -37,22 +38,24 @@ def writes(rng: random.Random) -> list[tuple]:
 
 
 @pytest.fixture
-def merges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """``(pieces merged, pieces replayed one by one)`` of each restore."""
-    seen: list[tuple[int, int]] = []
+def merges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, list]]:
+    """``(pieces merged, pieces replayed one by one, [(bytes, pieces) of each merge])`` of
+    each restore."""
+    seen: list[tuple[int, int, list]] = []
     merged_ahead = dl.merged_ahead
 
     def wrapped(*a: Any, **kw: Any):
         items = list(merged_ahead(*a, **kw))
-        merged = [i[1].pieces for i in items if i[0] == "merged"]
-        seen.append((sum(merged), sum(1 for i in items if i[0] == "piece")))
+        merged = [(i[1].bytes, i[1].pieces) for i in items if i[0] == "merged"]
+        seen.append((sum(n for _b, n in merged), sum(1 for i in items if i[0] == "piece"),
+                     merged))
         return iter(items)
 
     monkeypatch.setattr(dl, "merged_ahead", wrapped)
     return seen
 
 
-@pytest.mark.parametrize("most", [dl.MERGE_BYTES, 600])
+@pytest.mark.parametrize("most", [dl.MERGE_BYTES, 300])
 def test_pieces_of_writes_merge_within_their_bound(tmp_path: Path, merges: list,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    most: int) -> None:
@@ -72,18 +75,21 @@ def test_pieces_of_writes_merge_within_their_bound(tmp_path: Path, merges: list,
         ingested.extend(os.path.basename(p) for p in paths), ingest(i, cf, paths)))
     assert restore_durable(store, manifests[-1], opts) == model
     pieces = len([d for d in manifests[-1].slices if d.is_delta])
-    [(merged, one_by_one)] = merges
-    assert merged + one_by_one == pieces and pieces >= N
+    [(merged, one_by_one, each)] = merges
+    # pieces of writes only: every one merged, in merges within the bound (or one alone)
+    assert (merged, one_by_one) == (pieces, 0) and pieces >= N
+    assert all(b <= most or n == 1 for b, n in each)
     # what merged went in as one SST file per column family written, not as a write
     assert ingested and all(n.startswith("merged-") for n in ingested)
-    assert len(ingested) <= 2  # s1, s2
-    if most > 600:  # the default bound: all of them
-        assert one_by_one == 0
-    else:  # a few hundred bytes: the first one or two merge, the others replay
-        assert 0 < merged < pieces and one_by_one > 0
+    assert len(ingested) <= 2 * len(each)  # s1, s2
+    if most == dl.MERGE_BYTES:  # the default bound: one merge
+        assert len(each) == 1
+    else:  # 300 bytes: several, ingested in order (newer files win)
+        assert len(each) > 2
 
 
-def test_a_range_delete_or_drop_ends_the_merge(tmp_path: Path, merges: list) -> None:
+def test_a_range_delete_or_drop_is_replayed_between_merges(tmp_path: Path,
+                                                           merges: list) -> None:
     rng = random.Random(3)
     store = open_store(str(tmp_path / "durable"), backoff_s=0.0)
     opts = StateBackendOptions(checkpoint_mode="changelog", rolling_slices=N,
@@ -96,12 +102,15 @@ def test_a_range_delete_or_drop_ends_the_merge(tmp_path: Path, merges: list) -> 
     for m in manifests[-6:]:  # batches 9..14 (each checked against the model as written)
         merges.clear()
         restore_durable(store, m, opts)
-        pieces = sorted((d for d in m.slices if d.is_delta), key=lambda d: d.checkpoint_id)
-        first_other = next((i for i, d in enumerate(pieces) if d.checkpoint_id in (9, 10)),
-                           len(pieces))
-        [(merged, one_by_one)] = merges
-        # merged: exactly the pieces before the first of batch 9's drop
-        assert (merged, one_by_one) == (first_other, len(pieces) - first_other), m.checkpoint_id
+        pieces = [d for d in m.slices if d.is_delta]
+        others = sum(1 for d in pieces if d.checkpoint_id in (9, 10))
+        [(merged, one_by_one, each)] = merges
+        # replayed alone: exactly the pieces of batch 9's drop and batch 10's range delete;
+        # the pieces before and after them merged (in two merges when both sides have some)
+        assert (merged, one_by_one) == (len(pieces) - others, others), m.checkpoint_id
+        before = sum(1 for d in pieces if d.checkpoint_id < 9)
+        after = sum(1 for d in pieces if d.checkpoint_id > 10)
+        assert [n for _b, n in each] == [n for n in (before, after) if n], m.checkpoint_id
 
 
 def test_pieces_are_read_fewer_at_once_while_the_units_download(
