@@ -60,6 +60,30 @@ if SPARK_TESTS not in sys.path:
     sys.path.insert(0, SPARK_TESTS)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of modules that start a job early (:func:`_jobs_started_early`) run last,
+    in their order: by then their job has had the whole run to finish."""
+    early = [item for item in items
+             if getattr(getattr(item, "module", None), "start_early", None) is not None]
+    late = set(early)
+    items[:] = [item for item in items if item not in late] + early
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jobs_started_early(request: pytest.FixtureRequest) -> None:
+    """Before the first test of the run, each selected module's ``start_early(request)``.
+
+    A module whose set-up is a job of minutes in a process of its own (tests/connect's
+    Connect server, tests/cluster's local-cluster) starts it there, and its module fixture
+    waits for the result: the job keeps about one core of two busy while the other tests
+    run (many of them pure Python, on one core)."""
+    modules = {getattr(item, "module", None) for item in request.session.items}
+    for module in sorted(filter(None, modules), key=lambda m: m.__name__):
+        start = getattr(module, "start_early", None)
+        if start is not None:
+            start(request)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The suite's session: ``local[2,2]`` with Spark's streaming defaults, as users run

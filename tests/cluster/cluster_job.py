@@ -162,10 +162,9 @@ def main(spec_path: str) -> dict:
         spark.stop()
 
 
-def run_job(spec: dict[str, Any], work: str, timeout: float = 900) -> dict[str, Any]:
-    """Run cluster_job.py on ``spec``; its result, or a failure with the job's stderr."""
-    import pytest
-
+def start_job(spec: dict[str, Any], work: str) -> subprocess.Popen:
+    """Start cluster_job.py on ``spec`` in a session of its own; its output goes to
+    ``work/job.out`` and ``work/job.err`` (read by :func:`job_result`)."""
     spec_path = os.path.join(work, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)
@@ -173,11 +172,23 @@ def run_job(spec: dict[str, Any], work: str, timeout: float = 900) -> dict[str, 
                PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH"))
                                           if p))
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "cluster_job.py"), spec_path],
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    with open(os.path.join(work, "job.out"), "w") as out, \
+            open(os.path.join(work, "job.err"), "w") as err:
+        return subprocess.Popen([sys.executable, os.path.join(HERE, "cluster_job.py"),
+                                 spec_path], env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def job_result(proc: subprocess.Popen, work: str, timeout: float = 900) -> dict[str, Any]:
+    """The result of a job of :func:`start_job`, or a failure with the job's stderr."""
+    import pytest
+
+    proc.wait(timeout=timeout)
+    with open(os.path.join(work, "job.out")) as out, open(os.path.join(work, "job.err")) as err:
+        stdout, stderr = out.read(), err.read()
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        pytest.fail(f"cluster job failed (exit {proc.returncode}):\n{proc.stderr[-8000:]}")
+        pytest.fail(f"cluster job failed (exit {proc.returncode}):\n{stderr[-8000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 

@@ -6,12 +6,21 @@ checkpoint restored from a known source."""
 
 from __future__ import annotations
 
+import subprocess
+
 import boto3
 import pandas as pd
 import processors as P
 import pytest
-from cluster_job import run_job
-from harness import random_batches, run_stream, run_streams, running_counts, write_batches
+from cluster_job import job_result, start_job
+from harness import (
+    kill_group,
+    random_batches,
+    run_stream,
+    run_streams,
+    running_counts,
+    write_batches,
+)
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 
@@ -53,11 +62,16 @@ SCENARIOS = [  # (name, data, batches before the restart or None, watermark, opt
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster(moto_server, tmp_path_factory) -> dict:
-    """Every scenario, run once on one cluster (a cluster costs a driver and two executor
-    JVMs to start); the job's result per scenario."""
-    work = tmp_path_factory.mktemp("cluster")
+_JOB = pytest.StashKey[tuple[str, subprocess.Popen]]()
+
+
+def start_early(request: pytest.FixtureRequest) -> None:
+    """Starts the job that runs every scenario once on one cluster (a cluster costs a driver
+    and two executor JVMs to start) in the background (tests/conftest.py,
+    ``_jobs_started_early``); a job still running at the end of the run (interrupted
+    before its tests) is killed."""
+    moto_server = request.getfixturevalue("moto_server")
+    work = request.getfixturevalue("tmp_path_factory").mktemp("cluster")
     bucket = "sb-cluster"
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
         Bucket=bucket)
@@ -70,8 +84,19 @@ def cluster(moto_server, tmp_path_factory) -> dict:
             sc["more"] = str(work / name / "more")
             write_batches(sc["more"], data[first:], start=first)
         scenarios.append(sc)
-    res = run_job({"work": str(work), "endpoint": moto_server, "bucket": bucket,
-                   "scenarios": scenarios}, str(work))
+    proc = start_job({"work": str(work), "endpoint": moto_server, "bucket": bucket,
+                      "scenarios": scenarios}, str(work))
+    request.config.stash[_JOB] = (str(work), proc)
+    request.addfinalizer(lambda: kill_group(proc))
+
+
+@pytest.fixture(scope="module")
+def cluster(request) -> dict:
+    """The job's result per scenario, once it ended."""
+    if _JOB not in request.config.stash:
+        start_early(request)
+    work, proc = request.config.stash[_JOB]
+    res = job_result(proc, work)
     for name, r in res.items():  # shown with -s: where each partition restored from
         print(f"{name}: restores {r['restores']}, executor dirs {r['executor_dirs']}")
     return res

@@ -24,6 +24,7 @@ from fidelity_cases import fidelity_batches
 from harness import (
     assert_same,
     check_batches,
+    kill_group,
     random_batches,
     running_counts,
     write_batches,
@@ -37,18 +38,32 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "connect_job.py")
 sys.path.insert(0, os.path.dirname(JOB))
 from connect_job import EVERY_STATE, FIDELITY  # noqa: E402
 
+_JOB = pytest.StashKey[tuple[Path, subprocess.Popen]]()
 
-@pytest.fixture(scope="module")
-def connect_run(tmp_path_factory) -> Path:
-    """Runs every Connect scenario once (one local Connect server, ~5-8 minutes on 2
-    cores); each test then reads what its scenario left under ``results/``."""
-    work = tmp_path_factory.mktemp("connect")
+
+def start_early(request: pytest.FixtureRequest) -> None:
+    """Starts the job that runs every Connect scenario once (one local Connect server, ~3
+    minutes on 2 cores) in the background (tests/conftest.py, ``_jobs_started_early``);
+    a job still running at the end of the run (interrupted before its tests) is killed."""
+    work = request.getfixturevalue("tmp_path_factory").mktemp("connect")
     input_dir = work / "fidelity-input"
     write_batches(str(input_dir), fidelity_batches())
-    proc = subprocess.run([sys.executable, JOB, str(work), str(input_dir)],
-                          capture_output=True, text=True, timeout=2400,
-                          stdin=subprocess.DEVNULL)
-    (work / "job.log").write_text(proc.stdout[-200_000:] + "\n" + proc.stderr[-200_000:])
+    with open(work / "job.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, JOB, str(work), str(input_dir)],
+                                stdout=log, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    request.config.stash[_JOB] = (work, proc)
+    request.addfinalizer(lambda: kill_group(proc))
+
+
+@pytest.fixture(scope="module")
+def connect_run(request) -> Path:
+    """The work directory of the Connect job, once it ended; each test then reads what its
+    scenario left under ``results/``."""
+    if _JOB not in request.config.stash:
+        start_early(request)
+    work, proc = request.config.stash[_JOB]
+    proc.wait(timeout=2400)
     return work
 
 

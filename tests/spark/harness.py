@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -97,6 +99,14 @@ def run_together(starts: list[Callable]) -> None:
         for q in queries:
             if q.isActive:
                 q.stop()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a job started in a session of its own (``start_new_session``) with every
+    process it started (its JVM), unless it already ended."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _start(spark, input_dir, schema, build, checkpoint_dir, watermark, output_mode, out):
