@@ -37,6 +37,9 @@ def main() -> None:
 
     spark = cluster_session("read-state")
     try:
+        # the executors' Python workers started before the first request (the process
+        # starts early and waits, test_state_feed.start_early)
+        spark.range(8, numPartitions=4).mapInPandas(lambda it: it, "id LONG").collect()
         print("READY", flush=True)
         for line in sys.stdin:
             if line.strip():

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import feed_procs as F
 import pytest
-from harness import random_batches, run_streams, write_batches
+from harness import kill_group, random_batches, run_streams, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import StateError
@@ -287,24 +291,34 @@ def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
     assert df.collect() == want.collect()
 
 
-@pytest.fixture(scope="module")
-def cluster_reader(tmp_path_factory):
-    """``read(url, op, a, b)`` on one local-cluster[2,1,1024] (tests/spark/cluster_read.py)
-    for both checkpoint modes: a cluster costs a driver and two executor JVMs to start."""
-    import os
-    import subprocess
-    import sys
+_READER = pytest.StashKey[tuple[subprocess.Popen, Path]]()
 
+
+def start_early(request: pytest.FixtureRequest) -> None:
+    """Starts the process of :func:`cluster_reader` (a cluster costs a driver and two
+    executor JVMs to start, ~25 s) before the first test of the run
+    (tests/conftest.py, ``_jobs_started_early``); it waits for requests on stdin."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    log = tmp_path_factory.mktemp("cluster-read") / "stderr.log"
+    log = request.getfixturevalue("tmp_path_factory").mktemp("cluster-read") / "stderr.log"
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, os.path.join(here, "cluster_read.py")],
                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+                                stderr=err, text=True, start_new_session=True)
+    request.config.stash[_READER] = (proc, log)
+    request.addfinalizer(lambda: kill_group(proc))
+
+
+@pytest.fixture(scope="module")
+def cluster_reader(request):
+    """``read(url, op, a, b)`` on one local-cluster[2,1,1024] (tests/spark/cluster_read.py)
+    for both checkpoint modes, started early (:func:`start_early`)."""
+    if _READER not in request.config.stash:
+        start_early(request)
+    proc, log = request.config.stash[_READER]
 
     def read(url: str, op: str, a: int, b: int) -> dict:
         assert proc.stdin is not None and proc.stdout is not None
@@ -324,8 +338,7 @@ def cluster_reader(tmp_path_factory):
             proc.stdin.close()
             proc.wait(timeout=120)
         except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
+            kill_group(proc)
 
 
 def test_distributed_readers_on_local_cluster(spark, run, cluster_reader):
