@@ -16,10 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import numpy as np
 import pandas as pd
 import pytest
+from harness import in_background, kill_group
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
@@ -70,23 +73,6 @@ def _start(work: str, **env: str) -> subprocess.Popen:
                             env=_env(SB_WAIT_FOR_GO="1", **env), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-@pytest.fixture
-def start():
-    """:func:`_start`; at teardown, any driver still waiting for its ``go`` (a failed
-    assertion) is killed with its JVM."""
-    procs: list[subprocess.Popen] = []
-
-    def start_driver(work: str, **env: str) -> subprocess.Popen:
-        procs.append(_start(work, **env))
-        return procs[-1]
-
-    yield start_driver
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _go(proc: subprocess.Popen) -> subprocess.Popen:
@@ -164,11 +150,41 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 240) -> None:
     assert proc.poll() is None, "the query ended before it could be killed"
 
 
-def test_driver_killed_in_completion_in_deletion_and_by_sigkill(tmp_path, start):
+_RUNS = pytest.StashKey[tuple[Future, list[subprocess.Popen]]]()
+
+
+def start_early(request: pytest.FixtureRequest) -> None:
+    """The driver runs of the test below, in a thread of their own from before the first
+    test of the run (tests/conftest.py, ``_jobs_started_early``): each run is a process
+    that mostly waits on its JVM. At the end of the run, any driver still alive (one
+    waiting for its ``go`` after a failed assertion) is killed with its JVM."""
+    work = str(request.getfixturevalue("tmp_path_factory").mktemp("driver-kill"))
+    procs: list[subprocess.Popen] = []
+
+    def start(work: str, **env: str) -> subprocess.Popen:
+        procs.append(_start(work, **env))
+        return procs[-1]
+
+    request.config.stash[_RUNS] = (in_background(lambda: _driver_runs(work, start)), procs)
+    request.addfinalizer(lambda: [kill_group(proc) for proc in procs])
+
+
+def test_driver_killed_in_completion_in_deletion_and_by_sigkill(request):
     """Four driver runs over one query: killed just before writing a completed record,
     killed halfway through a deletion, SIGKILLed from outside mid-stream, then a run
-    without faults that finishes exactly once."""
-    work = str(tmp_path)
+    without faults that finishes exactly once (:func:`_driver_runs`, which asserts each
+    step; its failure is this test's)."""
+    if _RUNS not in request.config.stash:
+        start_early(request)
+    runs, procs = request.config.stash[_RUNS]
+    try:
+        runs.result(timeout=1800)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+
+
+def _driver_runs(work: str, start: Callable[..., subprocess.Popen]) -> None:
     data = _write_input(work, seed=31)
     fault_file = os.path.join(work, "fault.json")
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 import pandas as pd
 
@@ -99,6 +102,21 @@ def run_together(starts: list[Callable]) -> None:
         for q in queries:
             if q.isActive:
                 q.stop()
+
+
+def in_background(fn: Callable[[], Any]) -> Future:
+    """``fn()`` in a daemon thread from now on; its Future holds the result, or what it
+    raised (a failed assertion of ``fn`` fails whoever waits on the result)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
 
 
 def kill_group(proc: subprocess.Popen) -> None:
