@@ -12,8 +12,11 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
+from harness import in_background
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend import demo as demo_module
@@ -55,11 +58,42 @@ def _run_until(argv: list[str], stop_after: str, timeout: float = 600):
     return proc.returncode, "".join(lines), before
 
 
-def test_ctrl_c_stops_the_demo_cleanly_and_the_rerun_resumes(spark, tmp_path, capsys):
-    common = ["--dir", str(tmp_path / "demo"), "--events", "400", "--keys", "60",
-              "--partitions", "2", "--batches", "8"]
-    code, out, before = _run_until([sys.executable, "-m", "statebackend.demo"] + common,
-                                   stop_after="batch   1")
+_RUNS = pytest.StashKey[dict[str, tuple[str, Future]]]()
+
+
+def _demo_args(work: str) -> list[str]:
+    return ["--dir", os.path.join(work, "demo"), "--events", "400", "--keys", "60",
+            "--partitions", "2", "--batches", "8"]
+
+
+def start_early(request: pytest.FixtureRequest) -> None:
+    """The two scripts of the tests below (the demo stopped by Ctrl-C, the job that stops
+    its query and exits), each a process with a JVM of its own, started in threads of
+    their own before the first test of the run (tests/conftest.py,
+    ``_jobs_started_early``); each test waits for its script and checks what it did."""
+    tmp = request.getfixturevalue("tmp_path_factory")
+    demo, job = str(tmp.mktemp("ctrl-c")), str(tmp.mktemp("stop-and-exit"))
+    request.config.stash[_RUNS] = {
+        "demo": (demo, in_background(lambda: _run_until(
+            [sys.executable, "-m", "statebackend.demo"] + _demo_args(demo),
+            stop_after="batch   1"))),
+        "job": (job, in_background(lambda: subprocess.run(
+            [sys.executable, os.path.join(HERE, "stop_and_exit_job.py"),
+             os.path.join(job, "job")], capture_output=True, text=True, env=_env(),
+            cwd=REPO, timeout=600)))}
+
+
+def _script(request: pytest.FixtureRequest, name: str) -> tuple[str, Any]:
+    """(its work directory, what it returned) of a script of :func:`start_early`."""
+    if _RUNS not in request.config.stash:
+        start_early(request)
+    work, run = request.config.stash[_RUNS][name]
+    return work, run.result(timeout=900)
+
+
+def test_ctrl_c_stops_the_demo_cleanly_and_the_rerun_resumes(spark, request, capsys):
+    work, (code, out, before) = _script(request, "demo")
+    common = _demo_args(work)
     assert before is not None, out
     assert code == 130, out
     after = out.splitlines()[before:]
@@ -78,10 +112,9 @@ def test_ctrl_c_stops_the_demo_cleanly_and_the_rerun_resumes(spark, tmp_path, ca
     assert "totals match" in second
 
 
-def test_a_script_that_stops_a_query_and_exits_prints_no_listener_error(tmp_path):
-    work = str(tmp_path / "job")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "stop_and_exit_job.py"), work],
-                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=600)
+def test_a_script_that_stops_a_query_and_exits_prints_no_listener_error(request):
+    tmp, proc = _script(request, "job")
+    work = os.path.join(tmp, "job")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     done = int(out.split("stopped after batch ")[1].split()[0])
