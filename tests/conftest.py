@@ -74,9 +74,10 @@ def _jobs_started_early(request: pytest.FixtureRequest) -> None:
     """Before the first test of the run, each selected module's ``start_early(request)``.
 
     A module whose set-up is a job of minutes in a process of its own (tests/connect's
-    Connect server, tests/cluster's local-cluster) starts it there, and its module fixture
-    waits for the result: the job keeps about one core of two busy while the other tests
-    run (many of them pure Python, on one core)."""
+    Connect server, tests/cluster's local-cluster, the driver runs of
+    tests/faults/test_driver_kill.py, ...) starts it there, and its tests wait for the
+    result: the job keeps about one core of two busy while the other tests run (many of
+    them pure Python, on one core)."""
     modules = {getattr(item, "module", None) for item in request.session.items}
     for module in sorted(filter(None, modules), key=lambda m: m.__name__):
         start = getattr(module, "start_early", None)
