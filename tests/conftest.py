@@ -71,18 +71,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _jobs_started_early(request: pytest.FixtureRequest) -> None:
-    """Before the first test of the run, each selected module's ``start_early(request)``.
+    """Before the first test of the run, each selected module's ``start_early(request)``,
+    which prepares a job and returns it; the jobs then run one after another in a
+    background thread, in the order of their tests (``harness.early`` waits for one).
 
-    A module whose set-up is a job of minutes in a process of its own (tests/connect's
+    A module whose set-up is a job of minutes in processes of its own (tests/connect's
     Connect server, tests/cluster's local-cluster, the driver runs of
-    tests/faults/test_driver_kill.py, ...) starts it there, and its tests wait for the
-    result: the job keeps about one core of two busy while the other tests run (many of
-    them pure Python, on one core)."""
-    modules = {getattr(item, "module", None) for item in request.session.items}
-    for module in sorted(filter(None, modules), key=lambda m: m.__name__):
-        start = getattr(module, "start_early", None)
-        if start is not None:
-            start(request)
+    tests/faults/test_driver_kill.py, ...) runs it there: a job keeps about one core of
+    two busy while the other tests run (many of them pure Python, on one core). One at a
+    time: started all at once, a dozen JVMs on two cores made the Connect server's Python
+    workers miss their connect-back timeout."""
+    from harness import run_early
+
+    modules = {}
+    for item in request.session.items:
+        module = getattr(item, "module", None)
+        if getattr(module, "start_early", None) is not None:
+            modules.setdefault(module.__name__, module)
+    run_early(request, {name: module.start_early(request) for name, module in modules.items()})
 
 
 @pytest.fixture(scope="session")

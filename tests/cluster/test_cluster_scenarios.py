@@ -6,7 +6,7 @@ checkpoint restored from a known source."""
 
 from __future__ import annotations
 
-import subprocess
+from collections.abc import Callable
 
 import boto3
 import pandas as pd
@@ -14,7 +14,8 @@ import processors as P
 import pytest
 from cluster_job import job_result, start_job
 from harness import (
-    kill_group,
+    early,
+    killed_at_end,
     random_batches,
     run_stream,
     run_streams,
@@ -62,12 +63,9 @@ SCENARIOS = [  # (name, data, batches before the restart or None, watermark, opt
 ]
 
 
-_JOB = pytest.StashKey[tuple[str, subprocess.Popen]]()
-
-
-def start_early(request: pytest.FixtureRequest) -> None:
-    """Starts the job that runs every scenario once on one cluster (a cluster costs a driver
-    and two executor JVMs to start) in the background (tests/conftest.py,
+def start_early(request: pytest.FixtureRequest) -> Callable[[], dict]:
+    """The job that runs every scenario once on one cluster (a cluster costs a driver and
+    two executor JVMs to start), run in the background (tests/conftest.py,
     ``_jobs_started_early``); a job still running at the end of the run (interrupted
     before its tests) is killed."""
     moto_server = request.getfixturevalue("moto_server")
@@ -84,19 +82,20 @@ def start_early(request: pytest.FixtureRequest) -> None:
             sc["more"] = str(work / name / "more")
             write_batches(sc["more"], data[first:], start=first)
         scenarios.append(sc)
-    proc = start_job({"work": str(work), "endpoint": moto_server, "bucket": bucket,
-                      "scenarios": scenarios}, str(work))
-    request.config.stash[_JOB] = (str(work), proc)
-    request.addfinalizer(lambda: kill_group(proc))
+    procs = killed_at_end(request)
+
+    def job() -> dict:
+        procs.append(start_job({"work": str(work), "endpoint": moto_server, "bucket": bucket,
+                                "scenarios": scenarios}, str(work)))
+        return job_result(procs[0], str(work))
+
+    return job
 
 
 @pytest.fixture(scope="module")
 def cluster(request) -> dict:
     """The job's result per scenario, once it ended."""
-    if _JOB not in request.config.stash:
-        start_early(request)
-    work, proc = request.config.stash[_JOB]
-    res = job_result(proc, work)
+    res = early(request, __name__)
     for name, r in res.items():  # shown with -s: where each partition restored from
         print(f"{name}: restores {r['restores']}, executor dirs {r['executor_dirs']}")
     return res

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from fidelity_cases import fidelity_batches
 from harness import (
     assert_same,
     check_batches,
-    kill_group,
+    early,
+    killed_at_end,
     random_batches,
     running_counts,
     write_batches,
@@ -38,33 +40,32 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "connect_job.py")
 sys.path.insert(0, os.path.dirname(JOB))
 from connect_job import EVERY_STATE, FIDELITY  # noqa: E402
 
-_JOB = pytest.StashKey[tuple[Path, subprocess.Popen]]()
 
-
-def start_early(request: pytest.FixtureRequest) -> None:
-    """Starts the job that runs every Connect scenario once (one local Connect server, ~3
-    minutes on 2 cores) in the background (tests/conftest.py, ``_jobs_started_early``);
-    a job still running at the end of the run (interrupted before its tests) is killed."""
+def start_early(request: pytest.FixtureRequest) -> Callable[[], Path]:
+    """The job that runs every Connect scenario once (one local Connect server, ~3 minutes
+    on 2 cores), run in the background (tests/conftest.py, ``_jobs_started_early``); a
+    job still running at the end of the run (interrupted before its tests) is killed."""
     work = request.getfixturevalue("tmp_path_factory").mktemp("connect")
     input_dir = work / "fidelity-input"
     write_batches(str(input_dir), fidelity_batches())
-    with open(work / "job.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, JOB, str(work), str(input_dir)],
-                                stdout=log, stderr=subprocess.STDOUT, text=True,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    request.config.stash[_JOB] = (work, proc)
-    request.addfinalizer(lambda: kill_group(proc))
+    procs = killed_at_end(request)
+
+    def job() -> Path:
+        with open(work / "job.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, JOB, str(work), str(input_dir)],
+                                          stdout=log, stderr=subprocess.STDOUT, text=True,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        procs[0].wait(timeout=2400)
+        return work
+
+    return job
 
 
 @pytest.fixture(scope="module")
 def connect_run(request) -> Path:
     """The work directory of the Connect job, once it ended; each test then reads what its
     scenario left under ``results/``."""
-    if _JOB not in request.config.stash:
-        start_early(request)
-    work, proc = request.config.stash[_JOB]
-    proc.wait(timeout=2400)
-    return work
+    return early(request, __name__)
 
 
 def _result(work: Path, scenario: str) -> Path:

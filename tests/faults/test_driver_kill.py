@@ -17,12 +17,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
 import numpy as np
 import pandas as pd
 import pytest
-from harness import in_background, kill_group
+from harness import early, kill_group, killed_at_end
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
@@ -150,23 +149,26 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 240) -> None:
     assert proc.poll() is None, "the query ended before it could be killed"
 
 
-_RUNS = pytest.StashKey[tuple[Future, list[subprocess.Popen]]]()
-
-
-def start_early(request: pytest.FixtureRequest) -> None:
-    """The driver runs of the test below, in a thread of their own from before the first
-    test of the run (tests/conftest.py, ``_jobs_started_early``): each run is a process
-    that mostly waits on its JVM. At the end of the run, any driver still alive (one
-    waiting for its ``go`` after a failed assertion) is killed with its JVM."""
+def start_early(request: pytest.FixtureRequest) -> Callable[[], None]:
+    """The driver runs of the test below, run in the background (tests/conftest.py,
+    ``_jobs_started_early``): each run is a process that mostly waits on its JVM. At the
+    end of the run, any driver still alive (one waiting for its ``go`` after a failed
+    assertion) is killed with its JVM."""
     work = str(request.getfixturevalue("tmp_path_factory").mktemp("driver-kill"))
-    procs: list[subprocess.Popen] = []
+    procs = killed_at_end(request)
 
     def start(work: str, **env: str) -> subprocess.Popen:
         procs.append(_start(work, **env))
         return procs[-1]
 
-    request.config.stash[_RUNS] = (in_background(lambda: _driver_runs(work, start)), procs)
-    request.addfinalizer(lambda: [kill_group(proc) for proc in procs])
+    def job() -> None:
+        try:
+            _driver_runs(work, start)
+        finally:
+            for proc in procs:
+                kill_group(proc)
+
+    return job
 
 
 def test_driver_killed_in_completion_in_deletion_and_by_sigkill(request):
@@ -174,14 +176,7 @@ def test_driver_killed_in_completion_in_deletion_and_by_sigkill(request):
     killed halfway through a deletion, SIGKILLed from outside mid-stream, then a run
     without faults that finishes exactly once (:func:`_driver_runs`, which asserts each
     step; its failure is this test's)."""
-    if _RUNS not in request.config.stash:
-        start_early(request)
-    runs, procs = request.config.stash[_RUNS]
-    try:
-        runs.result(timeout=1800)
-    finally:
-        for proc in procs:
-            kill_group(proc)
+    early(request, __name__)
 
 
 def _driver_runs(work: str, start: Callable[..., subprocess.Popen]) -> None:

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pandas as pd
+import pytest
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -104,19 +105,39 @@ def run_together(starts: list[Callable]) -> None:
                 q.stop()
 
 
-def in_background(fn: Callable[[], Any]) -> Future:
-    """``fn()`` in a daemon thread from now on; its Future holds the result, or what it
-    raised (a failed assertion of ``fn`` fails whoever waits on the result)."""
-    future: Future = Future()
+# the Futures of the jobs of tests/conftest.py's _jobs_started_early, by module name
+_EARLY = pytest.StashKey[dict[str, Future]]()
 
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(exc)
 
-    threading.Thread(target=run, daemon=True).start()
-    return future
+def run_early(request, jobs: dict[str, Callable[[], Any]]) -> None:
+    """Run ``jobs`` (module name -> job) one after another in a daemon thread; each one's
+    Future is kept for :func:`early`."""
+    futures = {name: Future() for name in jobs}
+    request.config.stash[_EARLY] = futures
+
+    def lane() -> None:
+        for name, job in jobs.items():
+            futures[name].set_running_or_notify_cancel()
+            try:
+                futures[name].set_result(job())
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                futures[name].set_exception(exc)
+
+    threading.Thread(target=lane, daemon=True).start()
+
+
+def early(request, module: str, timeout: float = 2400) -> Any:
+    """What the job of ``module`` (its ``start_early``) returned, once it ended; what it
+    raised (a failed assertion of the job fails the test that waits)."""
+    return request.config.stash[_EARLY][module].result(timeout=timeout)
+
+
+def killed_at_end(request) -> list[subprocess.Popen]:
+    """A list for the processes a job starts: each still running at the end of the run
+    (or of ``request``'s scope) is killed with whatever it started (:func:`kill_group`)."""
+    procs: list[subprocess.Popen] = []
+    request.addfinalizer(lambda: [kill_group(proc) for proc in procs])
+    return procs
 
 
 def kill_group(proc: subprocess.Popen) -> None:

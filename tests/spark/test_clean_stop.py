@@ -12,11 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import in_background
+from harness import early
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend import demo as demo_module
@@ -58,37 +58,33 @@ def _run_until(argv: list[str], stop_after: str, timeout: float = 600):
     return proc.returncode, "".join(lines), before
 
 
-_RUNS = pytest.StashKey[dict[str, tuple[str, Future]]]()
-
-
 def _demo_args(work: str) -> list[str]:
     return ["--dir", os.path.join(work, "demo"), "--events", "400", "--keys", "60",
             "--partitions", "2", "--batches", "8"]
 
 
-def start_early(request: pytest.FixtureRequest) -> None:
+def start_early(request: pytest.FixtureRequest) -> Callable[[], dict[str, Any]]:
     """The two scripts of the tests below (the demo stopped by Ctrl-C, the job that stops
-    its query and exits), each a process with a JVM of its own, started in threads of
-    their own before the first test of the run (tests/conftest.py,
-    ``_jobs_started_early``); each test waits for its script and checks what it did."""
+    its query and exits), each a process with a JVM of its own, run one after the other in
+    the background (tests/conftest.py, ``_jobs_started_early``); each test checks what
+    its script did."""
     tmp = request.getfixturevalue("tmp_path_factory")
     demo, job = str(tmp.mktemp("ctrl-c")), str(tmp.mktemp("stop-and-exit"))
-    request.config.stash[_RUNS] = {
-        "demo": (demo, in_background(lambda: _run_until(
-            [sys.executable, "-m", "statebackend.demo"] + _demo_args(demo),
-            stop_after="batch   1"))),
-        "job": (job, in_background(lambda: subprocess.run(
-            [sys.executable, os.path.join(HERE, "stop_and_exit_job.py"),
-             os.path.join(job, "job")], capture_output=True, text=True, env=_env(),
-            cwd=REPO, timeout=600)))}
+
+    def scripts() -> dict[str, Any]:
+        return {"demo": (demo, _run_until([sys.executable, "-m", "statebackend.demo"]
+                                          + _demo_args(demo), stop_after="batch   1")),
+                "job": (job, subprocess.run(
+                    [sys.executable, os.path.join(HERE, "stop_and_exit_job.py"),
+                     os.path.join(job, "job")], capture_output=True, text=True, env=_env(),
+                    cwd=REPO, timeout=600))}
+
+    return scripts
 
 
 def _script(request: pytest.FixtureRequest, name: str) -> tuple[str, Any]:
     """(its work directory, what it returned) of a script of :func:`start_early`."""
-    if _RUNS not in request.config.stash:
-        start_early(request)
-    work, run = request.config.stash[_RUNS][name]
-    return work, run.result(timeout=900)
+    return early(request, __name__)[name]
 
 
 def test_ctrl_c_stops_the_demo_cleanly_and_the_rerun_resumes(spark, request, capsys):

@@ -14,11 +14,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import feed_procs as F
 import pytest
-from harness import kill_group, random_batches, run_streams, write_batches
+from harness import early, kill_group, killed_at_end, random_batches, run_streams, write_batches
 
 from statebackend import RocksDBStateBackend, StateBackendOptions
 from statebackend.errors import StateError
@@ -291,34 +292,35 @@ def test_unit_dataframe_converts_values_as_create_dataframe_does(spark, ddl):
     assert df.collect() == want.collect()
 
 
-_READER = pytest.StashKey[tuple[subprocess.Popen, Path]]()
-
-
-def start_early(request: pytest.FixtureRequest) -> None:
+def start_early(request: pytest.FixtureRequest) -> Callable[[], tuple]:
     """Starts the process of :func:`cluster_reader` (a cluster costs a driver and two
-    executor JVMs to start, ~25 s) before the first test of the run
-    (tests/conftest.py, ``_jobs_started_early``); it waits for requests on stdin."""
+    executor JVMs to start, and its executors' Python workers, ~25 s) in the background
+    (tests/conftest.py, ``_jobs_started_early``); it then waits for requests on stdin."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
                PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     log = request.getfixturevalue("tmp_path_factory").mktemp("cluster-read") / "stderr.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, os.path.join(here, "cluster_read.py")],
-                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, text=True, start_new_session=True)
-    request.config.stash[_READER] = (proc, log)
-    request.addfinalizer(lambda: kill_group(proc))
+    procs = killed_at_end(request)
+
+    def job() -> tuple[subprocess.Popen, Path]:
+        with open(log, "w") as err:
+            procs.append(subprocess.Popen([sys.executable, os.path.join(here, "cluster_read.py")],
+                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=err, text=True, start_new_session=True))
+        assert procs[0].stdout is not None
+        procs[0].stdout.readline()  # READY (or the end of its output)
+        return procs[0], log
+
+    return job
 
 
 @pytest.fixture(scope="module")
 def cluster_reader(request):
     """``read(url, op, a, b)`` on one local-cluster[2,1,1024] (tests/spark/cluster_read.py)
     for both checkpoint modes, started early (:func:`start_early`)."""
-    if _READER not in request.config.stash:
-        start_early(request)
-    proc, log = request.config.stash[_READER]
+    proc, log = early(request, __name__)
 
     def read(url: str, op: str, a: int, b: int) -> dict:
         assert proc.stdin is not None and proc.stdout is not None
