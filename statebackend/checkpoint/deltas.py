@@ -271,19 +271,19 @@ def merged_ahead(pieces: Sequence[SliceRef], fetched: Iterator[tuple[object, byt
     ``fetched`` yields ``(file, data, downloaded)`` of each piece."""
     merged = Merged(cover)
 
-    def done() -> Merged:
-        if directory is not None:
-            merged.to_files(directory)
-        return merged
+    def done() -> Iterator[tuple]:
+        """The merge so far, if it holds any piece (in SST files), and a new one."""
+        nonlocal merged
+        if merged.pieces:
+            if directory is not None:
+                merged.to_files(directory)
+            yield "merged", merged
+            merged = Merged(cover, merged.number + 1)
 
     for d, (f, data, _downloaded) in zip(pieces, fetched):
-        if merged.pieces and merged.bytes + len(data) > most:
-            yield "merged", done()
-            merged = Merged(cover, merged.number + 1)
+        if merged.bytes + len(data) > most:
+            yield from done()
         if not merged.add(d, data, f.path):
-            if merged.pieces:
-                yield "merged", done()
-                merged = Merged(cover, merged.number + 1)
+            yield from done()
             yield "piece", d, f, data
-    if merged.pieces:
-        yield "merged", done()
+    yield from done()

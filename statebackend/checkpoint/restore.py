@@ -221,12 +221,14 @@ def _windows(files: list[FileEntry], most: int | Callable[[], int],
     a callable) and ``most_bytes`` bytes."""
     most_bytes = READ_AHEAD_BYTES if most_bytes is None else most_bytes
     window: list[FileEntry] = []
+    size = 0  # of the window's files
     for f in files:
         if window and (len(window) == (most() if callable(most) else most)
-                       or sum(w.size for w in window) + f.size > most_bytes):
+                       or size + f.size > most_bytes):
             yield window
-            window = []
+            window, size = [], 0
         window.append(f)
+        size += f.size
     if window:
         yield window
 
