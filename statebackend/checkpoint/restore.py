@@ -27,7 +27,7 @@ from ..model.manifest import (
     check_relative,
 )
 from ..rocksdb.instance import RocksDBInstance
-from ..storage.base import DurableStore
+from ..storage.base import DurableStore, Transfer
 from ..storage.checksum import bytes_crc32
 from .changelog import check_chain, replay, span
 
@@ -118,8 +118,17 @@ def download_files(store: DurableStore, manifest: PartitionManifest,
     CorruptStateError
         A durable file is missing, truncated or fails its checksum.
     """
+    return sum(t.size for t in downloaded_each(store, manifest, files))
+
+
+def downloaded_each(store: DurableStore, manifest: PartitionManifest,
+                    files: list[tuple[FileEntry, str]]) -> Iterator[Transfer]:
+    """:func:`download_files`, each file's :class:`Transfer` as soon as it and those
+    before it are in (:meth:`DurableStore.get_files_each`): all of them on their way at
+    once, so the store's threads never wait for what the caller does with the first."""
     try:
-        transfers = store.get_files([(f.path, local, f.size, f.checksum) for f, local in files])
+        yield from store.get_files_each(
+            [(f.path, local, f.size, f.checksum) for f, local in files])
     except (StorageError, FileNotFoundError) as exc:
         bad = getattr(exc, "path", None)
         raise CorruptStateError(
@@ -128,7 +137,6 @@ def download_files(store: DurableStore, manifest: PartitionManifest,
             f"({exc}); the committed state cannot be restored from {store.root}",
             checkpoint_id=manifest.checkpoint_id, partition=manifest.partition,
             path=bad) from exc
-    return sum(t.size for t in transfers)
 
 
 def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEntry,
@@ -398,13 +406,15 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
     local = sl.fetch_unit_paths(manifest, units, scratch)
     # the pieces: small and many, read many at once (each costs the store's latency, not
     # its bandwidth; fewer while the units download), in batch order, by a thread of
-    # their own from now on, which also merges them into SST files (dl.Merged): all
-    # while the units download
+    # their own from now on (the next window read while one merges), and merged into
+    # SST files (dl.Merged) by another: all while the units download
     units_in = threading.Event()
-    fetched = _Ahead(dl.merged_ahead(pieces, _fetched_ahead(
+    read = _Ahead(_fetched_ahead(
         store, manifest, None, piece_files,
         lambda: PIECES_AHEAD_FILES if units_in.is_set() else PIECES_BESIDE_UNITS,
-        PIECES_AHEAD_BYTES), cover, directory=scratch), PIECES_AHEAD_FILES)
+        PIECES_AHEAD_BYTES), PIECES_BESIDE_UNITS)
+    fetched = _Ahead(dl.merged_ahead(pieces, read, cover, directory=scratch),
+                     PIECES_AHEAD_FILES)
     try:
         # every unit in place first; the changelogs then only touch the key groups whose
         # unit is older than them
@@ -417,14 +427,15 @@ def _replay_rolling(instance: RocksDBInstance, store: DurableStore,
         total += _replay_pieces(instance, fetched, cover, units, where)
     finally:
         fetched.close()
+        read.close()
         instance.changelog = recording
         shutil.rmtree(scratch, ignore_errors=True)
     return total
 
 
 UNIT_GROUPS = 4
-"""A rolling restore downloads its units in this many groups (the store's parallel
-transfers within each) and puts each group in place while the next downloads."""
+"""A rolling restore puts its units in place in this many groups, each as soon as its
+files are in, while the store's threads go on with the next groups' files."""
 
 
 def _ingest_downloaded(instance: RocksDBInstance, store: DurableStore,
@@ -432,26 +443,29 @@ def _ingest_downloaded(instance: RocksDBInstance, store: DurableStore,
                        local: Sequence[tuple[SliceRef, Sequence[tuple[FileEntry, str]]]],
                        clear: bool) -> int:
     """Download the units' files (``(unit, [(entry, local path)])`` in batch order) and
-    ingest them (:func:`~.slices.ingest_units`), a group's ingest overlapping the next
-    group's download (one group when units overlap: they go in one by one, in order);
-    the bytes downloaded. A unit's file of other key groups, or a state outside the
-    partition's, is refused naming the manifest."""
+    ingest them (:func:`~.slices.ingest_units`) group by group, each group as soon as its
+    files are in while the later groups' files download (one group when units overlap:
+    they go in one by one, in order); the bytes downloaded. A unit's file of other key
+    groups, or a state outside the partition's, is refused naming the manifest."""
     from . import slices as sl
 
     n = UNIT_GROUPS if not sl.units_overlap([u for u, _x in local]) else 1
-    groups = [list(local[i * len(local) // n: (i + 1) * len(local) // n]) for i in range(n)]
-    # a group's largest files first: its download ends on small ones, not one lane busy
-    downloads = _Ahead(((g, download_files(store, manifest, sorted(
-        (x for _u, xs in g for x in xs), key=lambda x: -x[0].size))) for g in groups if g), 1)
+    groups = [g for g in (list(local[i * len(local) // n: (i + 1) * len(local) // n])
+                          for i in range(n)) if g]
+    # all files on their way at once, group after group; a group's largest first, so
+    # the last group's download ends on small files, not one lane busy
+    files = [x for g in groups for x in sorted((x for _u, xs in g for x in xs),
+                                                 key=lambda x: -x[0].size)]
+    arriving = downloaded_each(store, manifest, files)
     total = 0
     try:
-        for group, nbytes in downloads:
-            total += nbytes
+        for group in groups:
+            total += sum(next(arriving).size for _u, xs in group for _x in xs)
             with _naming(manifest):
                 sl.ingest_units(instance, [(u, [p for _f, p in xs]) for u, xs in group],
                                 clear=clear)
     finally:
-        downloads.close()
+        arriving.close()
     with _naming(manifest):
         sl.check_range(instance, (manifest.key_group_start, manifest.key_group_end))
     return total

@@ -8,7 +8,7 @@ under it. Implementations retry transient failures and raise
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,15 @@ class DurableStore(ABC):
             path, local, size, checksum = _expand_get(item)
             out.append(self.get_file(path, local, size=size, checksum=checksum))
         return out
+
+    def get_files_each(self, items: Iterable[Sequence[object]]) -> Iterator[Transfer]:
+        """:meth:`get_files`, each :class:`Transfer` handed back (in input order) as soon
+        as it and those before it are in, while the store brings the rest down (all
+        queued at once where the store transfers in parallel). Closing the iterator early
+        cancels what has not begun and waits for what has."""
+        for item in items:
+            path, local, size, checksum = _expand_get(item)
+            yield self.get_file(path, local, size=size, checksum=checksum)
 
     def get_bytes_many(self, paths: Sequence[str],
                        then: Callable[[str, bytes | None], Any] | None = None) -> list[Any]:

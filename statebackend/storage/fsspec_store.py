@@ -9,6 +9,7 @@ downloads are also verified by CRC32, computed while streaming, so it costs no e
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -16,8 +17,8 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import fsspec
@@ -37,13 +38,13 @@ from ..redact import redact_text, redact_url
 from .accounting import DEFAULT_PART_SIZE, AccountingFileSystem, RequestCounter, RequestCounts
 from .base import DurableStore, StoreFileNotFoundError, Transfer, _expand_get
 from .checksum import bytes_crc32, file_crc32
+from .pooled import Job, each_in_order, run_all
 
 log = logging.getLogger(__name__)
 
 _MEMORY_CREATE_LOCK = threading.Lock()
 
 T = TypeVar("T")
-_Job = tuple[Callable[..., Transfer], tuple[Any, ...], dict[str, Any]]
 
 # Failures that retrying cannot fix: the answer will be the same next time.
 _PERMANENT: tuple[type[BaseException], ...] = (
@@ -73,13 +74,16 @@ def _is_transient(exc: BaseException) -> bool:
     return any(w in name for w in ("timeout", "connection", "throttl", "slowdown", "unavailable"))
 
 
-_POOLS = {  # kind of transfer -> (attribute holding its thread count, thread name prefix)
-    "upload": ("upload_threads", "sb-upload"),
+_POOLS = {  # kind of transfer -> (attribute holding its thread count, thread name prefix,
+    # threads per count)
+    "upload": ("upload_threads", "sb-upload", 1),
     # uploads no critical path waits for (put_files(background=True)): threads of their
     # own, so a batch's upload never queues behind them
-    "background": ("upload_threads", "sb-upload-bg"),
-    "download": ("download_threads", "sb-download"),
-    "read": ("read_threads", "sb-read"),
+    "background": ("upload_threads", "sb-upload-bg", 1),
+    # twice the threads, download_threads of them transferring at once (_slots): a thread
+    # checks the file it brought down while another transfer takes its connection
+    "download": ("download_threads", "sb-download", 2),
+    "read": ("read_threads", "sb-read", 1),
 }
 
 
@@ -139,6 +143,7 @@ class FsspecStore(DurableStore):
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._pools: dict[str, ThreadPoolExecutor] = {}  # by kind (_POOLS), made lazily
+        self._slots = threading.BoundedSemaphore(download_threads)  # transfers of the pool
         fs_, root = self._resolve()
         self._fs = fs_
         self.root = root
@@ -180,15 +185,15 @@ class FsspecStore(DurableStore):
         with self._lock:
             pool = self._pools.get(kind)
             if pool is None:
-                threads, prefix = _POOLS[kind]
-                pool = self._pools[kind] = ThreadPoolExecutor(getattr(self, threads),
+                threads, prefix, per = _POOLS[kind]
+                pool = self._pools[kind] = ThreadPoolExecutor(getattr(self, threads) * per,
                                                               thread_name_prefix=prefix)
             return pool
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Handles, pools and locks do not survive pickling; rebuilt lazily on first use.
-        for k in ("_fs", "_lock", "requests"):
+        for k in ("_fs", "_lock", "_slots", "requests"):
             state[k] = None
         state["_pools"] = {}
         if state["_given_fs"] is not None:
@@ -199,6 +204,7 @@ class FsspecStore(DurableStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.download_threads)
         self.requests = RequestCounter()  # counts are per process
 
     def __repr__(self) -> str:
@@ -331,13 +337,18 @@ class FsspecStore(DurableStore):
 
     def get_file(self, path: str, local_path: str, *, size: int | None = None,
                  checksum: str | None = None) -> Transfer:
+        return self._get_file(path, local_path, size, checksum, None)
+
+    def _get_file(self, path: str, local_path: str, size: int | None, checksum: str | None,
+                  slots: threading.BoundedSemaphore | None) -> Transfer:
+        """:meth:`get_file`, holding one of ``slots`` for the transfer only."""
         full = self.full_path(path)
 
         def once(_attempt: int) -> Transfer:
             tmp = f"{local_path}.part-{uuid.uuid4().hex[:8]}"
             os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
             try:
-                got_size, got_sum = self._stream_down(full, tmp)
+                got_size, got_sum = self._stream_down(full, tmp, slots)
                 # a whole read that differs from the record is a damaged file, not a
                 # transient failure: reading it again returns the same bytes
                 if size is not None and got_size != size:
@@ -355,10 +366,13 @@ class FsspecStore(DurableStore):
 
         return self._retry(f"download of {path}", once, path)
 
-    def _stream_down(self, full: str, local_tmp: str) -> tuple[int, str]:
+    def _stream_down(self, full: str, local_tmp: str,
+                     slots: threading.BoundedSemaphore | None) -> tuple[int, str]:
         # One GET, or parallel ranged GETs for a large file (s3fs splits it by part_size);
-        # then the checksum from the local copy (page cache, much faster than the link).
-        self.fs.get_file(full, local_tmp)
+        # then the checksum from the local copy (page cache, much faster than the link),
+        # the connection already free for the next transfer
+        with slots or contextlib.nullcontext():
+            self.fs.get_file(full, local_tmp)
         return file_crc32(local_tmp)
 
     def put_bytes_atomic(self, path: str, data: bytes) -> None:
@@ -481,33 +495,22 @@ class FsspecStore(DurableStore):
 
     def put_files(self, pairs: Iterable[tuple[str, str]], *,
                   background: bool = False) -> list[Transfer]:
-        jobs: list[_Job] = [(self.put_file, (local, path), {}) for local, path in pairs]
-        return self._run_all(self._pool("background" if background else "upload"), jobs)
+        jobs: list[Job] = [(self.put_file, (local, path), {}) for local, path in pairs]
+        return run_all(self._pool("background" if background else "upload"), jobs)
 
     def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         for item in items:
             path, local, size, checksum = _expand_get(item)
-            jobs.append((self.get_file, (path, local), {"size": size, "checksum": checksum}))
-        return self._run_all(self._pool("download"), jobs)
+            jobs.append((self._get_file, (path, local, size, checksum, self._slots), {}))
+        return run_all(self._pool("download"), jobs)
 
-    @staticmethod
-    def _run_all(pool: ThreadPoolExecutor, jobs: list[_Job]) -> list[Transfer]:
-        if not jobs:
-            return []
-        if len(jobs) == 1:
-            fn, args, kwargs = jobs[0]
-            return [fn(*args, **kwargs)]
-        futures: list[Future[Transfer]] = [pool.submit(fn, *a, **kw) for fn, a, kw in jobs]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            for f in pending:
-                f.cancel()
-            # Nothing may still be writing once we report the failure.
-            wait(futures)
-            raise failed[0].exception()  # type: ignore[misc]
-        return [f.result() for f in futures]
+    def get_files_each(self, items: Iterable[Sequence[object]]) -> Iterator[Transfer]:
+        jobs: list[Job] = []
+        for item in items:
+            path, local, size, checksum = _expand_get(item)
+            jobs.append((self._get_file, (path, local, size, checksum, self._slots), {}))
+        return each_in_order(self._pool("download"), jobs)
 
     def child(self, prefix: str) -> FsspecStore:
         check_relative(prefix)
@@ -519,6 +522,7 @@ class FsspecStore(DurableStore):
         # The child shares the parent's filesystem but uses its own pools, so closing one
         # never breaks the other.
         new._pools = {}
+        new._slots = threading.BoundedSemaphore(self.download_threads)
         if self._given_fs is None:
             new._fs = self._fs
         return new

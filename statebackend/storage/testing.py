@@ -150,6 +150,25 @@ class StoreContract:
         for (_path, local, _s, _c), data in zip(items, blobs.values()):
             assert Path(local).read_bytes() == data
 
+    def test_get_files_each_hands_files_back_in_order(self, store: DurableStore,
+                                                      tmp_path: Path) -> None:
+        blobs = {f"ea/{i:03d}": os.urandom(500 + 7 * i) for i in range(12)}
+        for p, d in blobs.items():
+            store.put_bytes_atomic(p, d)
+        items = [(p, str(tmp_path / "outea" / p[3:]), len(d), bytes_crc32(d))
+                 for p, d in blobs.items()]
+        got = []
+        for t, (p, local, _s, _c) in zip(store.get_files_each(items), items):
+            # each handed back is whole on disk already, whatever the others are doing
+            assert (t.path, Path(local).read_bytes()) == (p, blobs[p])
+            got.append(t.path)
+        assert got == list(blobs)
+        bad = items[:2] + [("ea/none", str(tmp_path / "none"), None, None)] + items[2:]
+        each = store.get_files_each(bad)
+        assert [next(each).path, next(each).path] == ["ea/000", "ea/001"]
+        with pytest.raises(FileNotFoundError):
+            next(each)
+
     def test_parallel_get_failure_raises(self, store: DurableStore, tmp_path: Path) -> None:
         store.put_bytes_atomic("pg/1", b"1")
         with pytest.raises(FileNotFoundError):

@@ -128,7 +128,7 @@ def test_pieces_are_read_fewer_at_once_while_the_units_download(
     manifests, model = checkpoint_each(store, opts, str(tmp_path / "local"), batches, True)
     lock, units = threading.Lock(), threading.Event()
     seen = {"now": 0, "beside": 0, "after": 0, "read beside": 0}
-    get_bytes, get_files = FsspecStore.get_bytes, FsspecStore.get_files
+    get_bytes, get_files_each = FsspecStore.get_bytes, FsspecStore.get_files_each
 
     def counted(self: FsspecStore, path: str) -> bytes:
         with lock:
@@ -149,12 +149,12 @@ def test_pieces_are_read_fewer_at_once_while_the_units_download(
             deadline = time.monotonic() + 10
             while seen["read beside"] < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            return get_files(self, items)
+            yield from get_files_each(self, items)
         finally:
             units.clear()
 
     monkeypatch.setattr(FsspecStore, "get_bytes", counted)
-    monkeypatch.setattr(FsspecStore, "get_files", downloading)
+    monkeypatch.setattr(FsspecStore, "get_files_each", downloading)
     assert restore_durable(store, manifests[-1], opts) == model
     pieces = len([d for d in manifests[-1].slices if d.is_delta])
     assert pieces >= 8 and seen["read beside"] >= 4
