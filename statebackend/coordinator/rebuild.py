@@ -74,6 +74,10 @@ class _Rebuild(_Owner):
                 try:
                     records[n] = CompletedCheckpoint.from_json(
                         self.store.get_bytes(self._abs(rel)), where=rel)
+                except FileNotFoundError:
+                    # listed, then deleted before it was read: another coordinator of this
+                    # operator applied retention since the listing (as _load's manifests)
+                    return self._rebuild_again()
                 except CorruptStateError as exc:
                     if n == max(listed):
                         raise  # the newest state itself is damaged: nothing to skip to

@@ -369,6 +369,35 @@ def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
     assert completed_record_path(0) not in all_files(store)
 
 
+def test_rebuild_while_another_coordinator_drops_a_listed_record(
+        store: DurableStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The record itself may go between the listing of _checkpoints/ and its read (seen
+    # once under load as a StoreFileNotFoundError out of a query's start): retention
+    # again, so the rebuild lists the records again.
+    q = Query(store, num_retained=2)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    m1 = q.attempt(1, "a", ssts("1", "2"), m0)
+    q.coord.try_complete(1)
+    m2 = q.attempt(2, "a", ssts("2", "3"), m1)
+    listing = CheckpointCoordinator._list
+    raced = []
+
+    def racing_list(self, rel):
+        out = listing(self, rel)
+        if rel == "_checkpoints" and not raced and self is not q.coord:
+            raced.append(sorted(out))
+            q.coord.try_complete(2)  # drops checkpoint 0: its manifest and record go
+            q.coord.wait_for_gc()
+        return out
+
+    monkeypatch.setattr(CheckpointCoordinator, "_list", racing_list)
+    fresh = q.open()
+    assert raced and completed_record_path(0) in raced[0]
+    assert [i.checkpoint_id for i in fresh.list_completed()] == [1, 2]
+    assert fresh.restore().manifests == {0: m2}
+
+
 def test_uncommitted_completion_keeps_its_predecessor_until_spark_commits(
         store: DurableStore) -> None:
     # A checkpoint completed without knowing that Spark committed its micro-batch (a
