@@ -301,9 +301,14 @@ class _Ahead(Iterator):
             self._put((None, exc))
 
     def __next__(self):
-        if self._done:
-            raise StopIteration
-        x, exc = self._queue.get()
+        while True:  # a consumer in another thread ends when close() is called
+            if self._done:
+                raise StopIteration
+            try:
+                x, exc = self._queue.get(timeout=0.05)
+                break
+            except queue.Empty:
+                continue
         if exc is not None or x is self._END:
             self._done = True
             if exc is not None:

@@ -95,7 +95,8 @@ class FsspecStore(DurableStore):
     url : str
         Any fsspec URL; a plain path means the local filesystem.
     upload_threads, download_threads : int
-        Bounds of the thread pools used by :meth:`put_files` and :meth:`get_files`.
+        Transfers at once of :meth:`put_files` and of :meth:`get_files` (whose pool has
+        twice the threads: a file's checksum is taken after its transfer ends).
     read_threads : int
         Bound of the pool of :meth:`get_bytes_many` and :meth:`sizes` (small reads whose
         time is the store's latency: the driver reads one manifest per partition).

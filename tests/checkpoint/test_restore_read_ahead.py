@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,23 @@ def test_reading_ahead_keeps_order_raises_where_it_failed_and_stops_when_closed(
     endless._thread.join(5)
     assert not endless._thread.is_alive()
     assert list(endless) == []
+
+
+def test_a_consumer_waiting_in_another_thread_ends_when_closed() -> None:
+    # the merging thread waits for the next piece from the reading thread; a restore that
+    # fails (its units' download, say) closes both: the merging thread must end too
+    # (else it waits forever, holding up to a merge of pieces in memory)
+    def slow():
+        yield 1
+        threading.Event().wait(30)  # a read that never comes back in time
+        yield 2
+
+    ahead = restore_mod._Ahead(slow(), 2)
+    assert next(ahead) == 1
+    got: list = []
+    consumer = threading.Thread(target=lambda: got.extend(ahead), daemon=True)
+    consumer.start()
+    time.sleep(0.1)  # the consumer now waits for the second item
+    ahead.close()
+    consumer.join(5)
+    assert not consumer.is_alive() and got == []
