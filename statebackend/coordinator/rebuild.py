@@ -68,21 +68,10 @@ class _Rebuild(_Owner):
         """
         with self._lock:
             listed = records_in(self._list(CHECKPOINTS_DIR))
-            damaged: dict[int, CorruptStateError] = {}
-            records = {}
-            for n, rel in sorted(listed.items()):
-                try:
-                    records[n] = CompletedCheckpoint.from_json(
-                        self.store.get_bytes(self._abs(rel)), where=rel)
-                except FileNotFoundError:
-                    # listed, then deleted before it was read: another coordinator of this
-                    # operator applied retention since the listing (as _load's manifests)
-                    return self._rebuild_again()
-                except CorruptStateError as exc:
-                    if n == max(listed):
-                        raise  # the newest state itself is damaged: nothing to skip to
-                    damaged[n] = exc  # an older one: reported and skipped
-            self._damaged = damaged
+            try:
+                records = self._read_records(listed)
+            except _RecordVanished:
+                return self._rebuild_again()
             pins = self._read_pins(records)
             # Retention depends only on ids and pins, so it is known before any manifest
             # is read; subsumed checkpoints may have lost manifests to a half-done deletion.
@@ -110,6 +99,25 @@ class _Rebuild(_Owner):
         if records and collect:
             self._after_change()
         return reg
+
+    def _read_records(self, listed: dict[int, str]) -> dict[int, CompletedCheckpoint]:
+        """The records listed, by checkpoint id; damaged ones (but the newest) reported in
+        ``_damaged`` and skipped. :class:`_RecordVanished` when one was deleted after
+        the listing: another coordinator of this operator applied retention since (as
+        :meth:`_load`'s manifests)."""
+        self._damaged = {}
+        records = {}
+        for n, rel in sorted(listed.items()):
+            try:
+                records[n] = CompletedCheckpoint.from_json(
+                    self.store.get_bytes(self._abs(rel)), where=rel)
+            except FileNotFoundError:
+                raise _RecordVanished(n) from None
+            except CorruptStateError as exc:
+                if n == max(listed):
+                    raise  # the newest state itself is damaged: nothing to skip to
+                self._damaged[n] = exc  # an older one: reported and skipped
+        return records
 
     def _read_pins(self, records: dict[int, CompletedCheckpoint]) -> set[int]:
         """The pinned checkpoint ids; deletes pins whose checkpoint is gone."""

@@ -180,8 +180,7 @@ class StateBackendOptions:
             "Threads per task uploading files to durable storage."))
     download_threads: int = _opt(
         4, "checkpointing", "int", low=1, high=64, doc=(
-            "Files per task downloading from durable storage at once on restore (each "
-            "checked by its CRC32 after its transfer, while the next one runs)."))
+            "Files a task downloads at once on restore (each CRC32-checked after it)."))
     snapshot_compression: str = _opt(
         "snappy", "checkpointing", "choice", choices=SNAPSHOT_COMPRESSIONS, doc=(
             "Compression of key-group blocks in full snapshots and savepoints."))

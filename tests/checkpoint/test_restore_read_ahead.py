@@ -15,6 +15,7 @@ from test_changelog import Model, apply, dump, options
 
 from statebackend.checkpoint import PartitionCheckpointer
 from statebackend.checkpoint import restore as restore_mod
+from statebackend.checkpoint.materialize import wait_for_materializations
 from statebackend.checkpoint.restore import open_checkpoint
 from statebackend.errors import CorruptStateError
 from statebackend.model.manifest import PartitionManifest
@@ -63,6 +64,8 @@ def _chain(tmp_path: Path, batches: int) -> tuple[Any, PartitionManifest, Model]
                                                   for i in range(20)])])
         m, _ = cp.checkpoint(inst, n, "a0", (0, 127))
         cp.resume(m, inst)
+        if n == 0:  # the base: materialized (in the background) before the chain grows,
+            wait_for_materializations()  # however slow the machine
     inst.close()
     assert m is not None and len(m.changelog_files) == batches
     return operator_store(store, OP), m, model
