@@ -331,6 +331,17 @@ def test_retained_manifest_missing_at_rebuild_is_reported(store: DurableStore) -
     assert bad.value.path == m.path
 
 
+def two_completed_and_a_third(store: DurableStore) -> tuple[Query, PartitionManifest]:
+    """Checkpoints 0 and 1 completed (two retained), and checkpoint 2's manifest published
+    (completing it drops checkpoint 0); the query and that manifest."""
+    q = Query(store, num_retained=2)
+    m0 = q.attempt(0, "a", ssts("1"), None)
+    q.coord.try_complete(0)
+    m1 = q.attempt(1, "a", ssts("1", "2"), m0)
+    q.coord.try_complete(1)
+    return q, q.attempt(2, "a", ssts("2", "3"), m1)
+
+
 @pytest.mark.parametrize("record_left", [False, True])
 def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
         store: DurableStore, monkeypatch: pytest.MonkeyPatch, record_left: bool) -> None:
@@ -339,12 +350,7 @@ def test_rebuild_while_another_coordinator_drops_a_retained_checkpoint(
     # retained may lose its manifest and record before it is read. That is retention, not
     # corruption: the rebuild reads the records again. It deletes the manifests first, the
     # record last (record_left: the rebuild reads in between).
-    q = Query(store, num_retained=2)
-    m0 = q.attempt(0, "a", ssts("1"), None)
-    q.coord.try_complete(0)
-    m1 = q.attempt(1, "a", ssts("1", "2"), m0)
-    q.coord.try_complete(1)
-    m2 = q.attempt(2, "a", ssts("2", "3"), m1)
+    q, m2 = two_completed_and_a_third(store)
     load = CheckpointCoordinator._load
     raced = []
 
@@ -374,12 +380,7 @@ def test_rebuild_while_another_coordinator_drops_a_listed_record(
     # The record itself may go between the listing of _checkpoints/ and its read (seen
     # once under load as a StoreFileNotFoundError out of a query's start): retention
     # again, so the rebuild lists the records again.
-    q = Query(store, num_retained=2)
-    m0 = q.attempt(0, "a", ssts("1"), None)
-    q.coord.try_complete(0)
-    m1 = q.attempt(1, "a", ssts("1", "2"), m0)
-    q.coord.try_complete(1)
-    m2 = q.attempt(2, "a", ssts("2", "3"), m1)
+    q, m2 = two_completed_and_a_third(store)
     listing = CheckpointCoordinator._list
     raced = []
 
