@@ -279,21 +279,49 @@ def _rss() -> int:
 
 def restore_all(config: OperatorConfig, coord, args: argparse.Namespace,
                 logical_bytes: int = 0) -> dict[str, Any]:
-    """Every partition of the latest checkpoint restored from durable storage (sequentially),
-    against two floors: what it downloaded, and the logical state (keys and values once)
-    through the same link, files and threads (one download of the state)."""
-    from statebackend.checkpoint import PartitionCheckpointer
+    """Every partition of the latest checkpoint restored from durable storage (sequentially):
+    :func:`restore_manifests`; with ``--keep DIR``, the durable state is copied to ``DIR``
+    first, for ``python -m benchmarks.restore_kept DIR`` to restore again."""
     from statebackend.storage import open_store
-    from statebackend.storage.manifests import operator_store, read_manifest
 
     latest = coord.latest()
+    if args.keep:
+        keep(args, config, dict(latest.manifests), logical_bytes)
     store = open_store(config.checkpoint_location, storage_options=config.storage_options,
                        download_threads=config.options.download_threads)
+    return restore_manifests(store, dict(latest.manifests), config.options, args,
+                             logical_bytes)
+
+
+KEPT = "kept.json"
+
+
+def keep(args: argparse.Namespace, config: OperatorConfig, manifests: dict[int, str],
+         logical_bytes: int) -> None:
+    """Copy the durable state to ``args.keep``/durable, with what a restore of it needs."""
+    target = os.path.join(args.keep, "durable")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(config.checkpoint_location.split("://", 1)[1], target)
+    with open(os.path.join(args.keep, KEPT), "w") as fh:
+        json.dump({"args": vars(args), "manifests": manifests,
+                   "storage_options": config.storage_options,
+                   "logical_bytes": logical_bytes}, fh, indent=1)
+
+
+def restore_manifests(store, manifests: dict[int, str], options: StateBackendOptions,
+                      args: argparse.Namespace, logical_bytes: int = 0) -> dict[str, Any]:
+    """Restore each partition's manifest from ``store`` (one after the other) into
+    ``options.local_dir``, against two floors: what it downloaded, and the logical state
+    (keys and values once) through the same link, files and threads (one download of the
+    state)."""
+    from statebackend.checkpoint import PartitionCheckpointer
+    from statebackend.storage.manifests import operator_store, read_manifest
+
     t0 = time.perf_counter()
     nbytes = nfiles = 0
-    for p, path in sorted(latest.manifests.items()):
+    for p, path in sorted(manifests.items()):
         m = read_manifest(operator_store(store, OP), path)
-        cp = PartitionCheckpointer(store, OP, p, config.options, config.options.local_dir)
+        cp = PartitionCheckpointer(store, OP, p, options, options.local_dir)
         inst, rm = cp.restore(m)
         inst.close()
         nbytes += rm.bytes_downloaded
@@ -301,7 +329,7 @@ def restore_all(config: OperatorConfig, coord, args: argparse.Namespace,
     seconds = time.perf_counter() - t0
     # the floor: bytes through the link once, plus one request per file; with independent
     # connections, as many transfers at once as threads and connections allow
-    lanes = max(1, config.options.download_threads)
+    lanes = max(1, options.download_threads)
 
     def floor(size: int, files: int) -> float:
         if args.link == "independent":
@@ -638,11 +666,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", default=None, help="default: a temp dir, deleted after")
     ap.add_argument("--out", default="bench-out/large-state")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="copy the durable state to DIR before the restore, for "
+                         "'python -m benchmarks.restore_kept DIR' (one lifecycle only)")
     args = ap.parse_args(argv)
     latency_fs.register()
     lifecycles = [x.strip() for x in args.lifecycle.split(",") if x.strip()]
     if not lifecycles or set(lifecycles) - {"open", "close"}:
         ap.error("--lifecycle takes 'open', 'close' or both")
+    if args.keep and len(lifecycles) > 1:
+        ap.error("--keep keeps one lifecycle's state: give --lifecycle open or close")
     # a mode this build lacks fails now
     mode = getattr(options_for(args, tempfile.gettempdir(), False), "checkpoint_mode",
                    "incremental")

@@ -84,3 +84,25 @@ def test_cluster_recovery_tells_the_lost_executors_downloads_from_the_others() -
     assert loss["lost_executor_partitions"] == [1, 2]
     assert loss["lost_partition_downloads"] == {1: 1, 2: 2}
     assert loss["other_partition_downloads"] == {3: 1}
+
+
+def test_a_kept_state_restores_again(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import restore_kept
+
+    kept = tmp_path / "kept"
+    assert large_state.main([
+        "--keys", "2000", "--value-bytes", "64", "--batches", "3", "--churn", "0.1",
+        "--lifecycle", "open", "--latency-ms", "0", "--bandwidth-mbps", "10000",
+        "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+        "--keep", str(kept)]) == 0
+    first = json.loads((tmp_path / "out" / "large_state.json").read_text())
+    capsys.readouterr()
+    assert restore_kept.main([str(kept), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    # both restores read what the benchmark's own restore read, from the kept copy
+    restored = first["runs"]["open"]["restore"]
+    assert out.count(f"for {restored['bytes'] / 1e6:.0f} MB in {restored['files']} files") == 2
+    with pytest.raises(SystemExit):  # a directory nothing was kept in: said, not a trace
+        restore_kept.main([str(tmp_path / "nothing")])
+    assert "--keep" in capsys.readouterr().err
