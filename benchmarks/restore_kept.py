@@ -54,17 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     times = []
     for i in range(args.repeat):
         local = tempfile.mkdtemp(prefix="sb-restore-kept-")
+        opts = large_state.options_for(run_args, local, True)
+        store = open_store(f"latency://{os.path.join(args.kept, 'durable')}",
+                           storage_options=storage_options,
+                           download_threads=opts.download_threads)
         try:
-            opts = large_state.options_for(run_args, local, True)
-            store = open_store(f"latency://{os.path.join(args.kept, 'durable')}",
-                               storage_options=storage_options,
-                               download_threads=opts.download_threads)
             cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             r = large_state.restore_manifests(store, manifests, opts, run_args,
                                               kept["logical_bytes"])
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-            store.close()
         finally:
+            store.close()
             shutil.rmtree(local, ignore_errors=True)
         times.append(r["seconds"])
         cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime

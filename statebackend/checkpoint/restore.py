@@ -98,45 +98,38 @@ def download_checkpoint(store: DurableStore, manifest: PartitionManifest,
         transfers = store.get_files(items)
     except (StorageError, FileNotFoundError) as exc:
         shutil.rmtree(target_dir, ignore_errors=True)
-        bad = getattr(exc, "path", None) or _which_file(store, manifest)
-        raise CorruptStateError(
-            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition} "
-            f"(attempt {manifest.attempt}): durable file {bad or '?'} is missing or corrupt "
-            f"({exc}); the committed state cannot be restored from {store.root}",
-            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition,
-            path=bad) from exc
+        raise _download_failed(store, manifest, exc,
+                               getattr(exc, "path", None) or _which_file(store, manifest)
+                               ) from exc
     return sum(t.size for t in transfers), len(transfers)
 
 
-def download_files(store: DurableStore, manifest: PartitionManifest,
-                   files: list[tuple[FileEntry, str]]) -> int:
+def downloaded_each(store: DurableStore, manifest: PartitionManifest,
+                    files: list[tuple[FileEntry, str]]) -> Iterator[Transfer]:
     """Download ``(entry, local path)`` pairs of ``manifest``, verifying size and CRC32;
-    the bytes downloaded.
+    each file's :class:`Transfer` as soon as it and those before it are in
+    (:meth:`DurableStore.get_files_each`): all of them on their way at once, so the
+    store's threads never wait for what the caller does with the first.
 
     Raises
     ------
     CorruptStateError
         A durable file is missing, truncated or fails its checksum.
     """
-    return sum(t.size for t in downloaded_each(store, manifest, files))
-
-
-def downloaded_each(store: DurableStore, manifest: PartitionManifest,
-                    files: list[tuple[FileEntry, str]]) -> Iterator[Transfer]:
-    """:func:`download_files`, each file's :class:`Transfer` as soon as it and those
-    before it are in (:meth:`DurableStore.get_files_each`): all of them on their way at
-    once, so the store's threads never wait for what the caller does with the first."""
     try:
         yield from store.get_files_each(
             [(f.path, local, f.size, f.checksum) for f, local in files])
     except (StorageError, FileNotFoundError) as exc:
-        bad = getattr(exc, "path", None)
-        raise CorruptStateError(
-            f"checkpoint {manifest.checkpoint_id} partition {manifest.partition} "
-            f"(attempt {manifest.attempt}): durable file {bad or '?'} is missing or corrupt "
-            f"({exc}); the committed state cannot be restored from {store.root}",
-            checkpoint_id=manifest.checkpoint_id, partition=manifest.partition,
-            path=bad) from exc
+        raise _download_failed(store, manifest, exc, getattr(exc, "path", None)) from exc
+
+
+def _download_failed(store: DurableStore, manifest: PartitionManifest, exc: BaseException,
+                     bad: str | None) -> CorruptStateError:
+    return CorruptStateError(
+        f"checkpoint {manifest.checkpoint_id} partition {manifest.partition} "
+        f"(attempt {manifest.attempt}): durable file {bad or '?'} is missing or corrupt "
+        f"({exc}); the committed state cannot be restored from {store.root}",
+        checkpoint_id=manifest.checkpoint_id, partition=manifest.partition, path=bad)
 
 
 def fetch_changelog(store: DurableStore, manifest: PartitionManifest, f: FileEntry,

@@ -91,11 +91,7 @@ class DurableStore(ABC):
 
     def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
         """Download ``(path, local_path[, size[, checksum]])`` items; results in input order."""
-        out = []
-        for item in items:
-            path, local, size, checksum = _expand_get(item)
-            out.append(self.get_file(path, local, size=size, checksum=checksum))
-        return out
+        return list(self.get_files_each(items))
 
     def get_files_each(self, items: Iterable[Sequence[object]]) -> Iterator[Transfer]:
         """:meth:`get_files`, each :class:`Transfer` handed back (in input order) as soon

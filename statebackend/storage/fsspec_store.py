@@ -80,7 +80,7 @@ _POOLS = {  # kind of transfer -> (attribute holding its thread count, thread na
     # uploads no critical path waits for (put_files(background=True)): threads of their
     # own, so a batch's upload never queues behind them
     "background": ("upload_threads", "sb-upload-bg", 1),
-    # twice the threads, download_threads of them transferring at once (_slots): a thread
+    # twice the threads, download_threads of them transferring at once (its slots): a thread
     # checks the file it brought down while another transfer takes its connection
     "download": ("download_threads", "sb-download", 2),
     "read": ("read_threads", "sb-read", 1),
@@ -143,8 +143,8 @@ class FsspecStore(DurableStore):
         self._given_fs = fs
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
-        self._pools: dict[str, ThreadPoolExecutor] = {}  # by kind (_POOLS), made lazily
-        self._slots = threading.BoundedSemaphore(download_threads)  # transfers of the pool
+        # by kind (_POOLS), made lazily: its threads, and its transfers at once
+        self._pools: dict[str, tuple[ThreadPoolExecutor, threading.BoundedSemaphore]] = {}
         fs_, root = self._resolve()
         self._fs = fs_
         self.root = root
@@ -181,20 +181,23 @@ class FsspecStore(DurableStore):
         this process."""
         return self.requests.snapshot()
 
-    def _pool(self, kind: str) -> ThreadPoolExecutor:
-        """The thread pool of one kind of transfer (:data:`_POOLS`)."""
+    def _pool(self, kind: str) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+        """The thread pool of one kind of transfer (:data:`_POOLS`), and the slots of its
+        transfers at once (fewer than its threads when a thread has work after one)."""
         with self._lock:
             pool = self._pools.get(kind)
             if pool is None:
                 threads, prefix, per = _POOLS[kind]
-                pool = self._pools[kind] = ThreadPoolExecutor(getattr(self, threads) * per,
-                                                              thread_name_prefix=prefix)
+                n = getattr(self, threads)
+                pool = self._pools[kind] = (
+                    ThreadPoolExecutor(n * per, thread_name_prefix=prefix),
+                    threading.BoundedSemaphore(n))
             return pool
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Handles, pools and locks do not survive pickling; rebuilt lazily on first use.
-        for k in ("_fs", "_lock", "_slots", "requests"):
+        for k in ("_fs", "_lock", "requests"):
             state[k] = None
         state["_pools"] = {}
         if state["_given_fs"] is not None:
@@ -205,7 +208,6 @@ class FsspecStore(DurableStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(self.download_threads)
         self.requests = RequestCounter()  # counts are per process
 
     def __repr__(self) -> str:
@@ -445,7 +447,7 @@ class FsspecStore(DurableStore):
         paths = list(paths)
         if len(paths) <= 1:
             return [fn(p) for p in paths]
-        return list(self._pool("read").map(fn, paths))
+        return list(self._pool("read")[0].map(fn, paths))
 
     def exists(self, path: str) -> bool:
         return self.size(path) is not None
@@ -497,21 +499,19 @@ class FsspecStore(DurableStore):
     def put_files(self, pairs: Iterable[tuple[str, str]], *,
                   background: bool = False) -> list[Transfer]:
         jobs: list[Job] = [(self.put_file, (local, path), {}) for local, path in pairs]
-        return run_all(self._pool("background" if background else "upload"), jobs)
+        return run_all(self._pool("background" if background else "upload")[0], jobs)
 
     def get_files(self, items: Iterable[Sequence[object]]) -> list[Transfer]:
-        jobs: list[Job] = []
-        for item in items:
-            path, local, size, checksum = _expand_get(item)
-            jobs.append((self._get_file, (path, local, size, checksum, self._slots), {}))
-        return run_all(self._pool("download"), jobs)
+        return run_all(*self._downloads(items))
 
     def get_files_each(self, items: Iterable[Sequence[object]]) -> Iterator[Transfer]:
-        jobs: list[Job] = []
-        for item in items:
-            path, local, size, checksum = _expand_get(item)
-            jobs.append((self._get_file, (path, local, size, checksum, self._slots), {}))
-        return each_in_order(self._pool("download"), jobs)
+        return each_in_order(*self._downloads(items))
+
+    def _downloads(self, items: Iterable[Sequence[object]]
+                   ) -> tuple[ThreadPoolExecutor, list[Job]]:
+        """The download pool, and a job for each item holding one of its slots."""
+        pool, slots = self._pool("download")
+        return pool, [(self._get_file, (*_expand_get(item), slots), {}) for item in items]
 
     def child(self, prefix: str) -> FsspecStore:
         check_relative(prefix)
@@ -523,14 +523,13 @@ class FsspecStore(DurableStore):
         # The child shares the parent's filesystem but uses its own pools, so closing one
         # never breaks the other.
         new._pools = {}
-        new._slots = threading.BoundedSemaphore(self.download_threads)
         if self._given_fs is None:
             new._fs = self._fs
         return new
 
     def close(self) -> None:
         with self._lock:
-            for pool in self._pools.values():
+            for pool, _slots in self._pools.values():
                 pool.shutdown(wait=True)
             self._pools = {}
 
